@@ -1,0 +1,39 @@
+# The README's two commands live here: `make sim` (the main job) and `make test` (the whole suite).
+# Both set up a virtual environment in .venv on first use; nothing is installed outside the project folder.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SCENARIO ?= sims/gpu-added.toml
+POLICY ?= aimd
+
+.PHONY: setup sim test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -U pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# Main job: simulate a GPU being added under the default policy; writes a plot and a JSON summary under out/.
+sim: setup
+	mkdir -p out
+	$(BIN)/model-concurrency sim $(SCENARIO) --policy $(POLICY) --plot out/$(notdir $(basename $(SCENARIO))).png \
+		--json out/$(notdir $(basename $(SCENARIO))).json
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks notebooks
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+# The whole suite: lint, types, then every test (slow ones included).
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

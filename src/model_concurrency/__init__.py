@@ -1,0 +1,41 @@
+"""model_concurrency: size LLM and embedding fan-out to the live capacity of the vLLM engines behind it.
+
+Data flow: signal source → Observation → policy → controller (bounds, throttle, fail-safe) → gate → calls.
+Importing this package needs only httpx and prometheus_client; the simulator, CLI and emulator are extras.
+"""
+
+from model_concurrency.config import ModelSpec, load_config, register_model, setting
+from model_concurrency.controller import ControllerCore, LiveController, reset_controllers
+from model_concurrency.hooks import (
+    adaptive_capacity,
+    aresolve_capacity,
+    get_all_utilization,
+    get_utilization,
+    resolve_capacity,
+)
+from model_concurrency.observation import CallStats, EngineSnapshot, Observation
+from model_concurrency.policies import AIMD, Policy
+from model_concurrency.signals import metrics_url_from_base
+
+__all__ = [
+    "AIMD",
+    "CallStats",
+    "ControllerCore",
+    "EngineSnapshot",
+    "LiveController",
+    "ModelSpec",
+    "Observation",
+    "Policy",
+    "adaptive_capacity",
+    "aresolve_capacity",
+    "get_all_utilization",
+    "get_utilization",
+    "load_config",
+    "metrics_url_from_base",
+    "register_model",
+    "reset_controllers",
+    "resolve_capacity",
+    "setting",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,244 @@
+"""Knobs from the environment and the model registry.
+
+Knobs are read on every call, never cached at import, so an operator can flip ``KG_ADAPTIVE_CONCURRENCY`` or
+change the ceiling in a long-running worker (through its environment) and the next poll obeys. A knob holding
+garbage falls back to its default with one warning, rather than taking a worker down.
+
+The registry maps a model name (or a role such as ``embedding``) to a :class:`ModelSpec`. Models come from
+:func:`register_model` calls and from a TOML file named by ``MODEL_CONCURRENCY_CONFIG``; an explicit call wins
+over the file for the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from model_concurrency.policies.base import Policy
+from model_concurrency.signals.scrape import check_metrics_url, metrics_url_from_base
+
+__all__ = [
+    "ModelSpec",
+    "get_model",
+    "load_config",
+    "register_model",
+    "registered_models",
+    "setting",
+    "unregister_all",
+]
+
+log = logging.getLogger("model_concurrency")
+T = TypeVar("T")
+
+# Knob names and defaults, in one place so docs and code cannot drift.
+ADAPTIVE_FLAG = ("KG_ADAPTIVE_CONCURRENCY", True)
+MAX_CONCURRENCY = ("MODEL_MAX_CONCURRENCY", 512)
+POLL_S = ("MODEL_CONCURRENCY_POLL_S", 12.0)
+TIMEOUT_S = ("MODEL_CONCURRENCY_TIMEOUT_S", 2.0)
+GRACE_POLLS = ("MODEL_CONCURRENCY_GRACE_POLLS", 3)
+POLICY = ("MODEL_CONCURRENCY_POLICY", "aimd")
+CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
+
+_FALSE = {"0", "false", "no", "off", ""}
+_TRUE = {"1", "true", "yes", "on"}
+_warned: set[tuple[str, str]] = set()
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
+@overload
+def setting(name: str, default: T, cast: None = None) -> T: ...
+@overload
+def setting(name: str, default: T, cast: Callable[[str], T]) -> T: ...
+def setting(name: str, default: Any, cast: Callable[[str], Any] | None = None) -> Any:
+    """Read ``name`` from the environment now; cast it like ``default`` (or with ``cast``); fall back on error."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if cast is None:
+        if isinstance(default, bool):
+            cast = _parse_bool
+        elif isinstance(default, (int, float)):
+            cast = type(default)
+        else:
+            return raw
+    try:
+        value = cast(raw.strip())
+    except (ValueError, TypeError):
+        if (name, raw) not in _warned:
+            _warned.add((name, raw))
+            log.warning("ignoring %s=%r: not a valid %s; using %r", name, raw, type(default).__name__, default)
+        return default
+    if isinstance(value, float) and value != value:  # NaN
+        return default
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """One model as the registry knows it. ``api_key`` never appears in reprs or logs."""
+
+    name: str
+    base_url: str | None = None
+    served_model_name: str | None = None
+    metrics_url: str | None = None
+    prometheus_url: str | None = None
+    parallel_instances: int = 1
+    max_parallel_calls: int = 1
+    roles: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)
+    policy: str | Policy | None = None
+
+    @property
+    def static_capacity(self) -> int:
+        """The configured concurrency: the floor the adaptive target never goes below."""
+        return max(1, self.parallel_instances * self.max_parallel_calls)
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.name
+
+    @property
+    def resolved_metrics_url(self) -> str | None:
+        if self.metrics_url:
+            return self.metrics_url
+        return metrics_url_from_base(self.base_url) if self.base_url else None
+
+
+_lock = threading.RLock()
+_explicit: dict[str, ModelSpec] = {}
+_from_file: dict[str, ModelSpec] = {}
+_loaded_path: str | None = None
+
+
+def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
+    if not name or not isinstance(name, str):
+        raise ValueError("a model needs a non-empty name")
+    base_url = kwargs.get("base_url")
+    if base_url is not None:
+        metrics_url_from_base(base_url)  # validates scheme, userinfo, query
+    if kwargs.get("metrics_url") is not None:
+        check_metrics_url(kwargs["metrics_url"])
+    if kwargs.get("prometheus_url") is not None:
+        check_metrics_url(kwargs["prometheus_url"])
+    for knob in ("parallel_instances", "max_parallel_calls"):
+        value = kwargs.get(knob, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{knob} must be a non-negative int, got {value!r}")
+    kwargs["roles"] = tuple(kwargs.get("roles") or ())
+    return ModelSpec(name=name, **kwargs)
+
+
+def register_model(
+    name: str,
+    *,
+    base_url: str | None,
+    served_model_name: str | None = None,
+    metrics_url: str | None = None,
+    prometheus_url: str | None = None,
+    parallel_instances: int = 1,
+    max_parallel_calls: int = 1,
+    roles: Iterable[str] = (),
+    api_key: str | None = None,
+    policy: str | Policy | None = None,
+) -> ModelSpec:
+    """Register (or replace) a model. Its controller, if any, is rebuilt on next use."""
+    spec = _make_spec(
+        name,
+        base_url=base_url,
+        served_model_name=served_model_name,
+        metrics_url=metrics_url,
+        prometheus_url=prometheus_url,
+        parallel_instances=parallel_instances,
+        max_parallel_calls=max_parallel_calls,
+        roles=tuple(roles),
+        api_key=api_key,
+        policy=policy,
+    )
+    with _lock:
+        _explicit[name] = spec
+    from model_concurrency.controller import forget_controller
+
+    forget_controller(name)
+    return spec
+
+
+def _spec_from_table(name: str, table: Mapping[str, Any]) -> ModelSpec:
+    table = dict(table)
+    key_env = table.pop("api_key_env", None)
+    if key_env:
+        table["api_key"] = os.environ.get(str(key_env))
+    unknown = set(table) - set(ModelSpec.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"model {name!r}: unknown keys {sorted(unknown)}")
+    table.pop("name", None)
+    return _make_spec(name, **table)
+
+
+def load_config(path: str | os.PathLike[str]) -> list[ModelSpec]:
+    """Load ``[models.NAME]`` tables from a TOML file into the registry (file entries; explicit ones win)."""
+    global _loaded_path
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise ValueError(f"{path}: [models] must be a table of tables")
+    specs = [_spec_from_table(name, table) for name, table in models.items()]
+    with _lock:
+        _from_file.clear()
+        _from_file.update({spec.name: spec for spec in specs})
+        _loaded_path = str(Path(path))
+    return specs
+
+
+def _sync_config_file() -> None:
+    global _loaded_path
+    path = setting(*CONFIG_PATH)
+    if not path or path == _loaded_path:
+        return
+    try:
+        load_config(path)
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        _loaded_path = path  # do not retry (and log) on every lookup
+        log.error("cannot load MODEL_CONCURRENCY_CONFIG=%s: %s", path, exc)
+
+
+def registered_models() -> dict[str, ModelSpec]:
+    """Every model known now, file entries overridden by explicit registrations."""
+    _sync_config_file()
+    with _lock:
+        return {**_from_file, **_explicit}
+
+
+def get_model(name_or_role: str | None) -> ModelSpec | None:
+    """A model by name, else the model claiming that role (``embedding``, ``default`` ...); None if unknown."""
+    models = registered_models()
+    key = name_or_role or "default"
+    if key in models:
+        return models[key]
+    for spec in models.values():
+        if key in spec.roles:
+            return spec
+    return None
+
+
+def unregister_all() -> None:
+    """Forget every model (tests, and workers that reload their configuration)."""
+    global _loaded_path
+    with _lock:
+        _explicit.clear()
+        _from_file.clear()
+        _loaded_path = None

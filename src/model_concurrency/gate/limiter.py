@@ -1,0 +1,97 @@
+"""The limiter core: pure bookkeeping for a resizable concurrency limit, shared by every front-end.
+
+No locks, no futures, no clock: a front-end (asyncio, threads, SimPy) holds a lock around these calls and turns
+the waiters they hand back into wake-ups. Because the invariant lives here once, the stateful hypothesis test of
+this class covers all three worlds.
+
+Rules, after trio's CapacityLimiter (see docs/architecture.md):
+
+* a call starts only while ``inflight < limit``; holders are never revoked, so after a shrink nobody new starts
+  until ``inflight`` falls below the new limit, and after a growth waiters start at once;
+* admission is FIFO with hand-off: a freed slot goes to the oldest waiter *before* it wakes, so nobody can jump
+  the queue between the release and the wake-up;
+* ``admit`` computes ``min(waiting, limit - inflight)`` from the slots actually held, so shrink-then-grow with
+  holders still in cannot over-admit (the anyio bug: 4 holders, 4 → 1 → 3 admitted 6 against a limit of 3);
+* a waiter cancelled after it was granted must hand its slot back with :meth:`release`.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+__all__ = ["LimiterCore"]
+
+W = TypeVar("W")
+
+
+class LimiterCore(Generic[W]):
+    """FIFO waiters and an in-flight count against a limit that may change at any time."""
+
+    __slots__ = ("_limit", "_waiters", "inflight")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = self._checked(limit)
+        self.inflight = 0
+        # An insertion-ordered dict is a FIFO with O(1) removal of a cancelled waiter.
+        self._waiters: dict[W, None] = {}
+
+    @staticmethod
+    def _checked(limit: int) -> int:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        return limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
+        """Take a slot now if one is free and nobody is queued ahead."""
+        if not self._waiters and self.inflight < self._limit:
+            self.inflight += 1
+            return True
+        return False
+
+    def acquire_or_enqueue(self, waiter: W) -> bool:
+        """True: the caller holds a slot. False: ``waiter`` is queued and will be handed back by a later call."""
+        if self.try_acquire():
+            return True
+        if waiter in self._waiters:
+            raise ValueError("waiter is already queued")
+        self._waiters[waiter] = None
+        return False
+
+    def _admit(self) -> list[W]:
+        granted: list[W] = []
+        while self._waiters and self.inflight < self._limit:
+            waiter = next(iter(self._waiters))
+            del self._waiters[waiter]
+            self.inflight += 1
+            granted.append(waiter)
+        return granted
+
+    def release(self) -> list[W]:
+        """Give a slot back; returns the waiters that now hold slots and must be woken."""
+        if self.inflight <= 0:
+            raise RuntimeError("release without a matching acquire")
+        self.inflight -= 1
+        return self._admit()
+
+    def resize(self, limit: int) -> list[W]:
+        """Change the limit in place; returns the waiters admitted by a growth (none on a shrink)."""
+        self._limit = self._checked(limit)
+        return self._admit()
+
+    def cancel(self, waiter: W) -> bool:
+        """Withdraw a queued waiter. False means it was already granted: the caller must ``release`` its slot."""
+        if waiter in self._waiters:
+            del self._waiters[waiter]
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"LimiterCore(limit={self._limit}, inflight={self.inflight}, waiting={len(self._waiters)})"

@@ -1,0 +1,137 @@
+"""What one poll of one model saw: the only thing a policy is allowed to read.
+
+An :class:`Observation` is built by the controller from an :class:`EngineSnapshot` (what a signal source read:
+a live ``/metrics`` page, a Prometheus query, or the simulated engine) plus this process's own view (calls in
+flight, latencies and outcomes of its own calls since the previous poll) and the controller's clock. Counters
+arrive from the source as running totals and leave here as deltas since the previous poll, so a policy never
+has to remember totals or care about counter resets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["CallStats", "EngineSnapshot", "Observation", "observe"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSnapshot:
+    """One reading of a model's engine-side signals, summed over engines (and replicas, for fleet sources).
+
+    Gauges are instantaneous; fields ending in ``_total`` are cumulative counters as the engine exports them.
+    ``None`` means the source did not report the signal at all, which is different from reporting zero.
+    """
+
+    running: float = 0.0
+    waiting: float = 0.0
+    waiting_capacity: float | None = None
+    kv_cache_usage: float | None = None
+    kv_num_blocks: int | None = None
+    preemptions_total: float | None = None
+    success_total: float | None = None
+    queue_time_sum_total: float | None = None
+    queue_time_count_total: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStats:
+    """This process's own calls to the model that finished since the previous poll (recorded by the gate)."""
+
+    calls: int = 0
+    errors: int = 0
+    throttled: int = 0
+    latency_sum_s: float = 0.0
+    latency_min_s: float | None = None
+
+    @property
+    def latency_mean_s(self) -> float | None:
+        return self.latency_sum_s / self.calls if self.calls else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """One poll of one model, as a policy sees it.
+
+    ``waiting_capacity`` is the by-reason "capacity" gauge when the engine exports it, else ``waiting``.
+    Counter-derived fields (``preemptions``, ``completed``, ``queue_time_mean_s``) are deltas since the previous
+    successful poll. ``client_*`` fields describe this process's own calls and are what a policy for an endpoint
+    without ``/metrics`` (a hosted API) works from.
+    """
+
+    ok: bool = True
+    running: float = 0.0
+    waiting: float = 0.0
+    waiting_capacity: float = 0.0
+    kv_cache_usage: float | None = None
+    kv_num_blocks: int | None = None
+    preemptions: float = 0.0
+    completed: float | None = None
+    queue_time_mean_s: float | None = None
+    inflight: int = 0
+    time: float = 0.0
+    client_calls: int = 0
+    client_errors: int = 0
+    client_throttled: int = 0
+    client_latency_mean_s: float | None = None
+    client_latency_min_s: float | None = None
+    extra: tuple[tuple[str, float], ...] = field(default=())
+
+    @property
+    def saturated(self) -> bool:
+        """The engine holds requests back for lack of scheduling capacity."""
+        return self.ok and self.waiting_capacity > 0
+
+
+def _delta(now: float | None, before: float | None) -> float | None:
+    if now is None or before is None:
+        return None
+    # A counter that went down was reset (engine restart): count from zero rather than report a negative delta.
+    return now - before if now >= before else now
+
+
+def observe(
+    snapshot: EngineSnapshot | None,
+    previous: EngineSnapshot | None,
+    *,
+    inflight: int,
+    time: float,
+    calls: CallStats | None = None,
+) -> Observation:
+    """Combine a source's reading with this process's own view into an Observation.
+
+    ``snapshot=None`` is a failed poll: the Observation carries only the client's own figures and ``ok=False``.
+    """
+    calls = calls or CallStats()
+    client = {
+        "client_calls": calls.calls,
+        "client_errors": calls.errors,
+        "client_throttled": calls.throttled,
+        "client_latency_mean_s": calls.latency_mean_s,
+        "client_latency_min_s": calls.latency_min_s,
+    }
+    if snapshot is None:
+        return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]
+    waiting_capacity = snapshot.waiting if snapshot.waiting_capacity is None else snapshot.waiting_capacity
+    preemptions = completed = queue_mean = None
+    if previous is not None:
+        preemptions = _delta(snapshot.preemptions_total, previous.preemptions_total)
+        completed = _delta(snapshot.success_total, previous.success_total)
+        q_sum = _delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
+        q_count = _delta(snapshot.queue_time_count_total, previous.queue_time_count_total)
+        if q_sum is not None and q_count and math.isfinite(q_sum):
+            queue_mean = q_sum / q_count
+    return Observation(
+        ok=True,
+        running=snapshot.running,
+        waiting=snapshot.waiting,
+        waiting_capacity=waiting_capacity,
+        kv_cache_usage=snapshot.kv_cache_usage,
+        kv_num_blocks=snapshot.kv_num_blocks,
+        preemptions=preemptions or 0.0,
+        completed=completed,
+        queue_time_mean_s=queue_mean,
+        inflight=inflight,
+        time=time,
+        **client,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,72 @@
+"""Signal sources: where an :class:`EngineSnapshot` comes from.
+
+A source reads and never decides. The controller asks it for a snapshot when a poll is due and treats any
+exception as a failed poll. Each source offers a blocking ``read`` for threads and an ``aread`` for event loops,
+so an async fan-out never blocks its loop on a scrape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, fetch_text, origin_of
+from model_concurrency.signals.vllm import parse_vllm_metrics
+
+__all__ = ["SignalSource", "VllmMetricsSource"]
+
+
+@runtime_checkable
+class SignalSource(Protocol):
+    """Produces one model's engine snapshot; raises on failure (any exception is a failed poll)."""
+
+    @property
+    def description(self) -> str: ...
+
+    def read(self) -> EngineSnapshot: ...
+
+    async def aread(self) -> EngineSnapshot: ...
+
+
+@dataclass(slots=True)
+class VllmMetricsSource:
+    """Scrapes a vLLM ``/metrics`` page and parses one served model out of it."""
+
+    metrics_url: str
+    served_model_name: str
+    api_key: str | None = field(default=None, repr=False)
+    token_origin: tuple[str, str, int | None] | None = None
+    limits: ScrapeLimits = field(default_factory=ScrapeLimits)
+
+    @classmethod
+    def for_model(
+        cls,
+        metrics_url: str,
+        served_model_name: str,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        limits: ScrapeLimits,
+    ) -> VllmMetricsSource:
+        return cls(
+            metrics_url=metrics_url,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            token_origin=origin_of(base_url) if base_url else None,
+            limits=limits,
+        )
+
+    @property
+    def description(self) -> str:
+        return self.metrics_url
+
+    def read(self) -> EngineSnapshot:
+        text = fetch_text(self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits)
+        return parse_vllm_metrics(text, self.served_model_name)
+
+    async def aread(self) -> EngineSnapshot:
+        text = await afetch_text(
+            self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
+        )
+        return parse_vllm_metrics(text, self.served_model_name)

@@ -1,0 +1,105 @@
+"""Read one model's signals out of a vLLM ``/metrics`` page.
+
+Parsing is ``prometheus_client``'s text parser, never string matching: label values in real pages contain
+``/``, ``}``, commas and escaped quotes (flaw 9 of the original controller). Series are selected by the model's
+*served* name (flaw 8) and summed over the ``engine`` label. KV-cache usage is the maximum across engines,
+because the most loaded engine is the one that preempts.
+
+Anything implausible is a :class:`MetricsError` (a failed poll), never a silent zero: a page without the
+model's ``vllm:num_requests_running``, non-finite or negative gauges, absurd magnitudes, or the same series
+twice. The controller turns failed polls into its grace-then-floor rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from model_concurrency.observation import EngineSnapshot
+
+__all__ = ["MAX_PLAUSIBLE", "MetricsError", "parse_vllm_metrics"]
+
+# No engine runs ten million requests; a gauge above this is a broken exporter, not a busy GPU.
+MAX_PLAUSIBLE = 1e7
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+CACHE_CONFIG = "vllm:cache_config_info"
+PREEMPTIONS = "vllm:num_preemptions_total"
+SUCCESS = "vllm:request_success_total"
+QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+
+_WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT}
+
+
+class MetricsError(ValueError):
+    """The page cannot be trusted for this model; the poll counts as failed."""
+
+
+def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                yield sample.name, sample.labels, float(sample.value)
+    except MetricsError:
+        raise
+    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError... on garbage
+        raise MetricsError(f"unparseable metrics page: {type(exc).__name__}: {exc}") from None
+
+
+def _check(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
+    if not math.isfinite(value) or value < 0 or value > upper:
+        raise MetricsError(f"implausible value {value!r} for {name}")
+    return value
+
+
+def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
+    """Sum one model's series over engines; raise :class:`MetricsError` if the page cannot be trusted."""
+    totals: dict[str, float] = {}
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    kv_usage: float | None = None
+    kv_blocks: int | None = None
+    waiting_capacity: float | None = None
+    for name, labels, value in _samples(text):
+        if labels.get("model_name") != served_model_name:
+            continue
+        if name not in _WANTED and name != CACHE_CONFIG:
+            continue
+        key = (name, frozenset(labels.items()))
+        if key in seen:
+            raise MetricsError(f"duplicate series {name}{labels}")
+        seen.add(key)
+        if name == CACHE_CONFIG:
+            blocks = labels.get("num_gpu_blocks")
+            if blocks is not None and blocks.isdigit():
+                kv_blocks = (kv_blocks or 0) + int(blocks)
+            continue
+        if name in KV_USAGE:
+            _check(name, value, upper=1.0)
+            kv_usage = value if kv_usage is None else max(kv_usage, value)
+            continue
+        _check(name, value)
+        if name == WAITING_BY_REASON:
+            # One release spelt the reason out in prose; anything mentioning capacity is the capacity reason.
+            if "capacity" in labels.get("reason", "").lower():
+                waiting_capacity = (waiting_capacity or 0.0) + value
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    if RUNNING not in totals:
+        raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
+    return EngineSnapshot(
+        running=totals[RUNNING],
+        waiting=totals.get(WAITING, 0.0),
+        waiting_capacity=waiting_capacity,
+        kv_cache_usage=kv_usage,
+        kv_num_blocks=kv_blocks,
+        preemptions_total=totals.get(PREEMPTIONS),
+        success_total=totals.get(SUCCESS),
+        queue_time_sum_total=totals.get(QUEUE_SUM),
+        queue_time_count_total=totals.get(QUEUE_COUNT),
+    )

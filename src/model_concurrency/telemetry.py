@@ -1,0 +1,64 @@
+"""The controller's own state, exported for operators: Prometheus gauges and a plain snapshot.
+
+Gauges live in prometheus_client's default registry, so a worker that already exposes ``/metrics`` (or calls
+``prometheus_client.start_http_server``) shows the target next to the engine's own gauges with no extra wiring.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge
+
+if TYPE_CHECKING:
+    from model_concurrency.controller import LiveController
+
+__all__ = ["publish", "snapshot"]
+
+_LABELS = ("model",)
+TARGET = Gauge("model_concurrency_target", "Concurrency target the gate enforces for the model", _LABELS)
+FLOOR = Gauge("model_concurrency_floor", "Static capacity: the lowest target", _LABELS)
+CEILING = Gauge("model_concurrency_ceiling", "Highest target allowed", _LABELS)
+INFLIGHT = Gauge("model_concurrency_inflight", "This process's calls in flight for the model", _LABELS)
+SATURATED = Gauge("model_concurrency_saturated", "1 when the last poll saw capacity-waiting requests", _LABELS)
+METRICS_OK = Gauge("model_concurrency_metrics_ok", "1 when the last metrics poll succeeded", _LABELS)
+POLLS = Counter("model_concurrency_polls", "Metrics polls by outcome", (*_LABELS, "outcome"))
+
+
+def publish(controller: LiveController) -> None:
+    """Copy one controller's state into the exported gauges (called after every poll)."""
+    core, model = controller.core, controller.spec.name
+    TARGET.labels(model).set(core.target)
+    FLOOR.labels(model).set(core.lower)
+    CEILING.labels(model).set(core.upper)
+    INFLIGHT.labels(model).set(controller.inflight())
+    SATURATED.labels(model).set(1 if core.saturated else 0)
+    METRICS_OK.labels(model).set(1 if core.last_ok else 0)
+    POLLS.labels(model, "ok" if core.last_ok else "failed").inc()
+
+
+def snapshot(controller: LiveController) -> dict[str, Any]:
+    """A JSON-ready view of one controller: what ``get_utilization`` returns. Never includes credentials."""
+    core = controller.core
+    obs = core.last_observation
+    good = obs if (obs is not None and obs.ok) else None
+    return {
+        "model": controller.spec.name,
+        "served_model_name": controller.spec.served_name,
+        "running": good.running if good else None,
+        "waiting": good.waiting if good else None,
+        "waiting_capacity": good.waiting_capacity if good else None,
+        "kv_cache_usage": good.kv_cache_usage if good else None,
+        "inflight": controller.inflight(),
+        "current_target": core.target,
+        "floor": core.lower,
+        "ceiling": core.upper,
+        "metrics_ok": core.last_ok,
+        "saturated": core.saturated,
+        "last_poll": core.last_poll_time,
+        "consecutive_failures": core.consecutive_failures,
+        "last_error": core.last_error,
+        "metrics_url": controller.source.description if controller.source is not None else None,
+        "policy": type(core.policy).__name__,
+        "adaptive": True,
+    }
