@@ -1,0 +1,60 @@
+"""Shared fixtures: every test starts with an empty registry, no controllers and default knobs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from model_concurrency import config
+from model_concurrency.controller import reset_controllers
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+settings.load_profile("default")
+
+_KNOBS = [
+    "KG_ADAPTIVE_CONCURRENCY",
+    "MODEL_MAX_CONCURRENCY",
+    "MODEL_CONCURRENCY_POLL_S",
+    "MODEL_CONCURRENCY_TIMEOUT_S",
+    "MODEL_CONCURRENCY_GRACE_POLLS",
+    "MODEL_CONCURRENCY_POLICY",
+    "MODEL_CONCURRENCY_CONFIG",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for knob in _KNOBS:
+        monkeypatch.delenv(knob, raising=False)
+    config.unregister_all()
+    reset_controllers()
+    yield
+    config.unregister_all()
+    reset_controllers()
+
+
+class FakeClock:
+    """A clock the test advances by hand: controllers take their time from it, never from the wall."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")

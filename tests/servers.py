@@ -1,0 +1,157 @@
+"""Real HTTP servers on 127.0.0.1 for tests that cross a socket: configurable, hostile when asked.
+
+``MetricsServer`` serves whatever :class:`Behaviour` says: a body, a status, headers, a delay before answering,
+or a body trickled a few bytes at a time. The behaviour can be changed while the server runs, so one server
+can drive a controller through a ramp, a saturation and an outage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@dataclass
+class Behaviour:
+    body: bytes = b""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "text/plain; version=0.0.4"})
+    delay_s: float = 0.0
+    trickle_bytes_per_s: float | None = None
+    hang: bool = False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        srv = self.server
+        srv.requests.append((self.path, dict(self.headers.items())))
+        b = srv.behaviour
+        if b.hang:
+            srv.stop_event.wait(30)
+            return
+        if b.delay_s:
+            srv.stop_event.wait(b.delay_s)
+        try:
+            self.send_response(b.status)
+            for k, v in b.headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(b.body)))
+            self.end_headers()
+            if b.trickle_bytes_per_s:
+                for i in range(len(b.body)):
+                    if srv.stop_event.is_set():
+                        return
+                    self.wfile.write(b.body[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(1 / b.trickle_bytes_per_s)
+            else:
+                self.wfile.write(b.body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    behaviour: Behaviour
+    requests: list[tuple[str, dict[str, str]]]
+    stop_event: threading.Event
+
+
+@dataclass
+class MetricsServer:
+    server: _Server
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def behaviour(self) -> Behaviour:
+        return self.server.behaviour
+
+    @behaviour.setter
+    def behaviour(self, value: Behaviour) -> None:
+        self.server.behaviour = value
+
+    def serve(self, body: bytes | str, **kwargs: object) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.server.behaviour = Behaviour(body=data, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def requests(self) -> list[tuple[str, dict[str, str]]]:
+        return self.server.requests
+
+
+@contextmanager
+def metrics_server(behaviour: Behaviour | None = None) -> Iterator[MetricsServer]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.behaviour = behaviour or Behaviour()
+    srv.requests = []
+    srv.stop_event = threading.Event()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield MetricsServer(srv)
+    finally:
+        srv.stop_event.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+
+QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
+
+
+@dataclass
+class EngineState:
+    running: float = 0
+    waiting_capacity: float = 0
+    waiting_deferred: float = 0
+    kv: float = 0.1
+    preemptions: float = 0
+
+
+def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False, by_reason: bool = True) -> bytes:
+    """A vLLM-shaped /metrics page rendered by prometheus_client: per model, one EngineState per engine label."""
+    reg = CollectorRegistry()
+    labels = ["engine", "model_name"]
+    running = Gauge("vllm:num_requests_running", "Running", labels, registry=reg)
+    waiting = Gauge("vllm:num_requests_waiting", "Waiting", labels, registry=reg)
+    by = Gauge("vllm:num_requests_waiting_by_reason", "Waiting by reason", [*labels, "reason"], registry=reg)
+    kv_name = "vllm:gpu_cache_usage_perc" if old_kv_name else "vllm:kv_cache_usage_perc"
+    kv = Gauge(kv_name, "KV usage", labels, registry=reg)
+    info = Gauge("vllm:cache_config_info", "Cache config", [*labels, "block_size", "num_gpu_blocks"], registry=reg)
+    pre = Counter("vllm:num_preemptions", "Preemptions", labels, registry=reg)
+    ok = Counter("vllm:request_success", "Finished", [*labels, "finished_reason"], registry=reg)
+    queue = Histogram("vllm:request_queue_time_seconds", "Queue", labels, buckets=QUEUE_BUCKETS, registry=reg)
+    e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E", labels, buckets=QUEUE_BUCKETS, registry=reg)
+    for model, engines in models.items():
+        for i, e in enumerate(engines):
+            lv = (str(i), model)
+            running.labels(*lv).set(e.running)
+            waiting.labels(*lv).set(e.waiting_capacity + e.waiting_deferred)
+            if by_reason:
+                by.labels(*lv, "capacity").set(e.waiting_capacity)
+                by.labels(*lv, "deferred").set(e.waiting_deferred)
+            kv.labels(*lv).set(e.kv)
+            info.labels(*lv, "16", "4096").set(1)
+            pre.labels(*lv).inc(e.preemptions)
+            ok.labels(*lv, "stop").inc(3)
+            queue.labels(*lv).observe(0.2)
+            e2e.labels(*lv).observe(1.2)
+    from prometheus_client import PROCESS_COLLECTOR
+
+    reg.register(PROCESS_COLLECTOR)
+    return generate_latest(reg)
