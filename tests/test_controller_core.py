@@ -154,3 +154,14 @@ def test_grace_rule(seq: list[bool], grace: int) -> None:
         assert core.target == 4
     else:
         assert core.target == 100
+
+
+class PinsGrace(Constant):
+    grace_polls = 0
+
+
+def test_policy_may_pin_its_own_grace() -> None:
+    core = ControllerCore(policy=PinsGrace(50), floor=4, ceiling=512, grace_polls=3)
+    core.update(grow(4))
+    assert core.target == 50
+    assert core.fail(now=1, reason="x") == 4

@@ -139,10 +139,16 @@ class ControllerCore:
         """A poll that produced no observation (unreachable, garbage, timeout)."""
         return self.update(Observation(ok=False, time=now, inflight=inflight), reason)
 
+    @property
+    def effective_grace_polls(self) -> int:
+        """The grace in force: a policy may pin its own (``seed-aimd`` reproduces the original reset with 0)."""
+        pinned = getattr(self.policy, "grace_polls", None)
+        return int(pinned) if isinstance(pinned, int) and pinned >= 0 else self.grace_polls
+
     def _fail(self, obs: Observation, reason: str) -> int:
         self.consecutive_failures += 1
         self.last_ok, self.last_error, self.last_observation = False, reason, obs
-        if self.consecutive_failures > self.grace_polls:
+        if self.consecutive_failures > self.effective_grace_polls:
             self.target_value = float(self.lower)
         return self.target
 
