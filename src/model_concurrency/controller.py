@@ -34,6 +34,7 @@ from model_concurrency.config import ModelSpec, setting
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation, observe
 from model_concurrency.policies.base import Policy
 from model_concurrency.policies.registry import make_policy
+from model_concurrency.signals.prometheus_api import PrometheusSource
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.signals.source import SignalSource, VllmMetricsSource
 
@@ -234,7 +235,7 @@ class LiveController:
         self.core.poll_interval_s = max(0.0, setting(*config.POLL_S))
         self.core.grace_polls = max(0, setting(*config.GRACE_POLLS))
         self.core.set_bounds(self.floor, setting(*config.MAX_CONCURRENCY))
-        if isinstance(self.source, VllmMetricsSource):
+        if isinstance(self.source, (VllmMetricsSource, PrometheusSource)):
             timeout = setting(*config.TIMEOUT_S)
             if timeout > 0 and timeout != self.source.limits.timeout_s:
                 self.source.limits = ScrapeLimits(timeout_s=timeout, deadline_s=2 * timeout)
@@ -319,6 +320,9 @@ class LiveController:
 
 
 def _default_source(spec: ModelSpec) -> SignalSource | None:
+    limits = ScrapeLimits(timeout_s=setting(*config.TIMEOUT_S), deadline_s=2 * setting(*config.TIMEOUT_S))
+    if spec.prometheus_url:
+        return PrometheusSource(spec.prometheus_url, spec.served_name, limits=limits)
     url = spec.resolved_metrics_url
     if url is None:
         return None

@@ -1,0 +1,138 @@
+"""A fleet's signals from a Prometheus server, for models served by several replicas behind a balancer.
+
+Behind a load balancer, ``/metrics`` reaches one replica per scrape, so the sum a controller needs lives in a
+Prometheus server that scrapes every replica. Two instant queries per poll, through the same guarded fetch as a
+``/metrics`` scrape (caps, deadline, no cross-origin redirects):
+
+* ``sum by (__name__, reason) ({__name__=~"<counts and counters>", model_name="<served>"})``: running, waiting,
+  waiting by reason, preemptions, successes, queue-time sum and count, summed over replicas and engines;
+* ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage.
+
+The answer goes through the same plausibility rules as a page (:func:`parse_vllm_metrics` semantics): no
+running series for the model, a malformed answer, or an implausible value is a failed poll.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import httpx
+
+from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
+from model_concurrency.signals.vllm import (
+    KV_USAGE,
+    MAX_PLAUSIBLE,
+    PREEMPTIONS,
+    QUEUE_COUNT,
+    QUEUE_SUM,
+    RUNNING,
+    SUCCESS,
+    WAITING,
+    WAITING_BY_REASON,
+    MetricsError,
+)
+
+__all__ = ["PrometheusSource", "promql_string"]
+
+_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT)
+
+
+def promql_string(value: str) -> str:
+    """Quote ``value`` as a PromQL string literal (model names hold ``/``, ``.``, quotes...)."""
+    return json.dumps(value)
+
+
+def _selector(names: tuple[str, ...], served: str) -> str:
+    pattern = "|".join(name.replace(".", "\\\\.") for name in names)
+    return f'{{__name__=~"{pattern}",model_name={promql_string(served)}}}'
+
+
+def _vector(text: str) -> list[tuple[dict[str, str], float]]:
+    try:
+        payload = json.loads(text)
+        if payload.get("status") != "success":
+            raise MetricsError(f"prometheus query failed: {payload.get('error', 'unknown error')}")
+        data = payload["data"]
+        if data["resultType"] != "vector":
+            raise MetricsError(f"expected an instant vector, got {data['resultType']!r}")
+        out = []
+        for item in data["result"]:
+            labels = {str(k): str(v) for k, v in item["metric"].items()}
+            out.append((labels, float(item["value"][1])))
+        return out
+    except MetricsError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise MetricsError(f"malformed prometheus answer: {type(exc).__name__}: {exc}") from None
+
+
+def _plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
+    if not math.isfinite(value) or value < 0 or value > upper:
+        raise MetricsError(f"implausible value {value!r} for {name}")
+    return value
+
+
+def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict[str, str], float]]) -> EngineSnapshot:
+    totals: dict[str, float] = {}
+    capacity: float | None = None
+    for labels, value in summed:
+        name = labels.get("__name__", "")
+        _plausible(name, value)
+        if name == WAITING_BY_REASON:
+            if "capacity" in labels.get("reason", "").lower():
+                capacity = (capacity or 0.0) + value
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    if RUNNING not in totals:
+        raise MetricsError(f"prometheus has no {RUNNING} series for the model")
+    kv = [_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
+    return EngineSnapshot(
+        running=totals[RUNNING],
+        waiting=totals.get(WAITING, 0.0),
+        waiting_capacity=capacity,
+        kv_cache_usage=max(kv) if kv else None,
+        preemptions_total=totals.get(PREEMPTIONS),
+        success_total=totals.get(SUCCESS),
+        queue_time_sum_total=totals.get(QUEUE_SUM),
+        queue_time_count_total=totals.get(QUEUE_COUNT),
+    )
+
+
+@dataclass(slots=True)
+class PrometheusSource:
+    """Reads one served model's fleet-wide gauges from a Prometheus server's HTTP API."""
+
+    prometheus_url: str
+    served_model_name: str
+    limits: ScrapeLimits = field(default_factory=ScrapeLimits)
+
+    def __post_init__(self) -> None:
+        check_metrics_url(self.prometheus_url)
+
+    @property
+    def description(self) -> str:
+        return f"{self.prometheus_url} (PromQL, model_name={self.served_model_name!r})"
+
+    def queries(self) -> tuple[str, str]:
+        served = self.served_model_name
+        return (
+            f"sum by (__name__, reason) ({_selector(_SUMMED, served)})",
+            f"max by (__name__) ({_selector(KV_USAGE, served)})",
+        )
+
+    def _url(self, query: str) -> str:
+        base = self.prometheus_url.rstrip("/")
+        return str(httpx.URL(f"{base}/api/v1/query", params={"query": query}))
+
+    def read(self) -> EngineSnapshot:
+        summed, maxed = (_vector(fetch_text(self._url(q), limits=self.limits)) for q in self.queries())
+        return _snapshot(summed, maxed)
+
+    async def aread(self) -> EngineSnapshot:
+        summed_q, max_q = self.queries()
+        summed = _vector(await afetch_text(self._url(summed_q), limits=self.limits))
+        maxed = _vector(await afetch_text(self._url(max_q), limits=self.limits))
+        return _snapshot(summed, maxed)
