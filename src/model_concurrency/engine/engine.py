@@ -1,0 +1,539 @@
+"""One vLLM V1 engine core on SimPy: a scheduler loop of continuous-batching steps.
+
+Each step, as ``vllm/v1/core/sched/scheduler.py`` does it (docs/reference vllm.md):
+
+1. running requests are served first: every decoding request gets 1 token, partially prefilled requests get a
+   chunk of what remains, all under the ``max_num_batched_tokens`` budget;
+2. each scheduled request must hold ``ceil(tokens / 16)`` KV blocks; walking the running list in order, a request
+   that cannot get its block preempts the *last* running request (recompute: it loses its blocks and computed
+   tokens, returns to the *head* of the waiting queue, ``num_preemptions`` += 1) until it fits or is itself the
+   victim;
+3. if nothing was preempted, waiting requests are admitted FCFS while ``len(running) < max_num_seqs``, budget
+   remains and the head's first chunk gets its blocks; the first head that cannot is head-of-line blocking;
+4. the step lasts ``StepTimeModel`` time; at its end prefills that completed sample their first token (embeddings
+   finish there), decodes sample one token each, and requests that reached their length finish.
+
+The gauges (running, waiting, KV usage) are recorded right after scheduling, as vLLM's scheduler stats are, so
+``waiting > 0`` means a request was refused a slot in the latest step, not that one arrived mid-step.
+
+Why it is fast. A saturated hour is ~10⁵ steps with hundreds of sequences each, so nothing may cost O(batch) per
+step. Decoding requests all advance one token per step, so their progress is a function of the step counter
+(``tick``): each stores its state at the tick it began decoding, and the engine keeps aggregates — the count, the
+sum of context lengths (for the ``c`` term), how many sit at each position modulo the block size (so the new
+blocks a step needs are one list lookup), and which tick each one finishes at. A step then costs O(prefills +
+admissions + finishes). Only a step that runs out of KV blocks walks the running list (exactly as vLLM does).
+
+Two simplifications, documented in docs/engine-model.md: when the budget cannot cover every running request,
+decodes are served before partial prefills (vLLM V1 goes strictly in running-list order; the two differ only when
+a long prompt is mid-prefill ahead of decodes and the budget binds), and decodes are never starved by the budget
+(``max_num_batched_tokens >= max_num_seqs``, which vLLM enforces).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from model_concurrency.engine.presets import EnginePreset
+from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.stats import EngineStats
+from model_concurrency.observation import EngineSnapshot
+
+__all__ = ["Engine", "EngineDownError"]
+
+_WAITING = RequestState.WAITING
+_PREFILL = RequestState.PREFILL
+_DECODE = RequestState.DECODE
+_FINISHED = RequestState.FINISHED
+
+
+class EngineDownError(ConnectionError):
+    """The engine (or replica) is down: its ``/metrics`` cannot be read, like a refused connection."""
+
+
+class Engine:
+    """One engine core: waiting queue, running batch, KV blocks, one SimPy process stepping them."""
+
+    def __init__(self, env: simpy.Environment, preset: EnginePreset, *, index: int = 0, model_name: str | None = None):
+        self.env = env
+        self.preset = preset
+        self.index = index
+        self.label = str(index)
+        self.model_name = model_name or preset.model_name
+        self.block_size = preset.block_size
+        self.chunked_prefill = preset.chunked_prefill
+        self.max_num_seqs = preset.max_num_seqs
+        self.max_num_batched_tokens = preset.max_num_batched_tokens
+        self.num_gpu_blocks = preset.num_gpu_blocks
+        self.speed = 1.0
+        self._set_coefficients()
+        self.up = True
+        # Called for every finished request before its event fires; the Server uses it for in-flight accounting.
+        self.on_request_finished: Callable[[Request], None] | None = None
+        self._epoch = 0
+        self._reset()
+        self._start()
+
+    # ------------------------------------------------------------------ state
+    def _set_coefficients(self) -> None:
+        step = self.preset.step
+        scale = 1.0 / (1000.0 * self.speed)  # ms -> s, and the speed factor, folded into the coefficients
+        self._a = step.a_ms * scale
+        self._b = step.b_ms_per_token * scale
+        self._c = step.c_ms_per_context_token * scale
+        self._d = step.d_ms_per_token_sq * scale
+
+    def _reset(self) -> None:
+        self.stats = EngineStats()
+        self.waiting: deque[Request] = deque()
+        # Insertion-ordered dicts are the running list: O(1) removal of a finished request, popitem() is "last".
+        self.running: dict[Request, None] = {}
+        self.prefilling: dict[Request, None] = {}
+        self.free_blocks = self.num_gpu_blocks - 1  # block 0 is vLLM's reserved null block
+        self.tick = 0
+        self._n_decode = 0
+        self._decode_offset_sum = 0  # Σ (computed − tick) over decoding requests
+        self._phase_counts = [0] * self.block_size  # decoding requests by (computed − tick) mod block_size
+        self._finish_at: dict[int, list[Request]] = {}
+        self._sched_prefills: list[Request] = []
+        self._sched_decodes = 0
+        self._dt = 0.0
+        self._stepping = False
+        self._wake: Any = None
+        self.steps = 0
+        self.busy_time = 0.0
+        self.tokens_scheduled = 0
+        self.gauge_running = 0
+        self.gauge_waiting = 0
+        self.gauge_kv_usage = 0.0
+
+    def _start(self) -> None:
+        self.env.process(self._loop(self._epoch))
+
+    # ------------------------------------------------------------------ public API
+    def submit(self, request: Request) -> Any:
+        """Queue ``request`` now; returns a SimPy event that succeeds with the request when it finishes."""
+        request.done = self.env.event()
+        self.enqueue(request)
+        return request.done
+
+    def submit_callback(self, request: Request, on_finish: Callable[[Request], None]) -> None:
+        """Like :meth:`submit` but calls ``on_finish(request)`` at the finish instead of firing an event."""
+        request.on_finish = on_finish
+        self.enqueue(request)
+
+    def enqueue(self, request: Request) -> None:
+        """Put a request (whose completion signal is already set up) into the waiting queue."""
+        now = self.env.now
+        if request.arrival_time is None:
+            request.arrival_time = now
+        request.queued_time = now
+        request.engine = self
+        if not self.up:
+            self._finish(request, ABORT)
+            return
+        self.check_fits(request)
+        request.state = _WAITING
+        self.waiting.append(request)
+        wake = self._wake
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    def check_fits(self, request: Request) -> None:
+        """Refuse what this engine could never run, as vLLM rejects prompts beyond its limits."""
+        total = request.prompt_tokens + request.output_tokens
+        if -(-total // self.block_size) > self.num_gpu_blocks - 1:
+            raise ValueError(f"{request!r} needs more KV blocks than the engine has ({self.num_gpu_blocks})")
+        if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"{request!r}: prompt longer than max_num_batched_tokens without chunked prefill")
+
+    def abort(self, request: Request) -> bool:
+        """Cancel a request (client gave up); it finishes with ``finished_reason="abort"``. False if not here."""
+        state = request.state
+        if request.engine is not self or state == _FINISHED:
+            return False
+        if state == _WAITING:
+            self.waiting.remove(request)
+        elif state == _PREFILL:
+            del self.running[request], self.prefilling[request]
+            self.free_blocks += request.blocks
+        elif state == _DECODE:
+            del self.running[request]
+            self.free_blocks += self._leave_decode(request, self.tick, in_step=self._stepping)
+        else:
+            return False
+        self._finish(request, ABORT)
+        return True
+
+    def set_capacity(
+        self,
+        *,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        num_gpu_blocks: int | None = None,
+        speed: float | None = None,
+    ) -> None:
+        """Change capacity at run time; takes effect from the next step.
+
+        ``speed`` divides every step's duration (2.0 = twice as fast). Growing ``num_gpu_blocks`` frees blocks at
+        once; shrinking it below what is held makes the next steps preempt until the running set fits. Running
+        requests beyond a lowered ``max_num_seqs`` are not evicted; admission simply waits until they drain.
+        """
+        seqs = self.max_num_seqs if max_num_seqs is None else int(max_num_seqs)
+        budget = self.max_num_batched_tokens if max_num_batched_tokens is None else int(max_num_batched_tokens)
+        if seqs < 1 or budget < seqs:
+            raise ValueError("need 1 <= max_num_seqs <= max_num_batched_tokens")
+        if num_gpu_blocks is not None:
+            if num_gpu_blocks < 2:
+                raise ValueError("num_gpu_blocks must be >= 2")
+            self.free_blocks += int(num_gpu_blocks) - self.num_gpu_blocks
+            self.num_gpu_blocks = int(num_gpu_blocks)
+        if speed is not None:
+            if not speed > 0:
+                raise ValueError("speed must be > 0")
+            self.speed = float(speed)
+            self._set_coefficients()
+        self.max_num_seqs, self.max_num_batched_tokens = seqs, budget
+        self._poke()
+
+    def set_down(self) -> None:
+        """Lose the engine: every queued and running request is aborted; submissions abort until :meth:`set_up`."""
+        if not self.up:
+            return
+        self.up = False
+        self._epoch += 1  # the stepping process notices and exits
+        victims = [*self.running, *self.waiting]
+        wake = self._wake
+        stats = self.stats
+        self._reset()
+        self.stats = stats  # keep the counters so the lab can read what happened; /metrics is unreachable anyway
+        for request in victims:
+            self._finish(request, ABORT)
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    def set_up(self) -> None:
+        """Bring a downed engine back as a fresh process: empty queues, counters from zero."""
+        if self.up:
+            return
+        self.up = True
+        self._epoch += 1
+        self._reset()
+        self._start()
+
+    def progress(self, request: Request) -> tuple[int, int]:
+        """``(computed tokens, generated tokens)`` of a request now, including a decoding one."""
+        if request.state == _DECODE and request.engine is self:
+            advanced = self.tick - request.tick_base
+            return request.computed + advanced, request.generated + advanced
+        return request.computed, request.generated
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def load(self) -> int:
+        """vLLM's data-parallel balancing score: waiting × 4 + running (live, not the last step's gauges)."""
+        return 4 * len(self.waiting) + len(self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """``1 − free / (num_gpu_blocks − 1)``, clamped to [0, 1] (blocks may be over-held right after a shrink)."""
+        usage = 1.0 - self.free_blocks / (self.num_gpu_blocks - 1)
+        return min(max(usage, 0.0), 1.0)
+
+    def snapshot(self) -> EngineSnapshot:
+        """This engine's signals, exactly as ``parse_vllm_metrics`` reads them from :func:`render_metrics`."""
+        if not self.up:
+            raise EngineDownError(f"engine {self.label} of {self.model_name} is down")
+        stats = self.stats
+        return EngineSnapshot(
+            running=float(self.gauge_running),
+            waiting=float(self.gauge_waiting),
+            waiting_capacity=float(self.gauge_waiting),
+            kv_cache_usage=self.gauge_kv_usage,
+            kv_num_blocks=self.num_gpu_blocks,
+            preemptions_total=float(stats.num_preemptions),
+            success_total=float(stats.success_total),
+            queue_time_sum_total=stats.queue_time.sum,
+            queue_time_count_total=float(stats.queue_time.count),
+        )
+
+    # ------------------------------------------------------------------ the step loop
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    def _loop(self, epoch: int) -> Generator[Any, Any, None]:
+        env = self.env
+        while True:
+            dt = self._schedule()
+            if dt is None:
+                self._wake = env.event()
+                yield self._wake
+                if epoch != self._epoch:
+                    return  # downed (and maybe restarted) while idle: the wake slot belongs to the new process
+                self._wake = None
+                continue
+            self._stepping = True
+            yield env.timeout(dt)
+            self._stepping = False
+            if epoch != self._epoch:
+                return
+            self._complete()
+
+    def _record_gauges(self) -> None:
+        self.gauge_running = len(self.running)
+        self.gauge_waiting = len(self.waiting)
+        self.gauge_kv_usage = self.kv_usage
+
+    def _schedule(self) -> float | None:
+        """Build the next batch; returns its duration, or None when there is nothing to run."""
+        bs = self.block_size
+        tick = self.tick
+        n_decode = self._n_decode
+        budget = self.max_num_batched_tokens - n_decode
+        need = self._phase_counts[-tick % bs] if n_decode else 0
+        sched = self._sched_prefills
+        sched.clear()
+        tokens = n_decode
+        quadratic = 0
+        # 1. running partial prefills, in running order, under what the decodes left of the budget
+        for r in self.prefilling:
+            chunk = r.prefill_target - r.computed
+            if chunk > budget:
+                chunk = budget if budget > 0 else 0
+            r.chunk = chunk
+            if chunk:
+                budget -= chunk
+                end = r.computed + chunk
+                need += (end + bs - 1) // bs - r.blocks
+                quadratic += chunk * end
+                tokens += chunk
+                sched.append(r)
+        # 2. KV blocks for everything scheduled; the slow path preempts
+        preempted = False
+        if need <= self.free_blocks:
+            self.free_blocks -= need
+            for r in sched:
+                r.blocks = (r.computed + r.chunk + bs - 1) // bs
+        else:
+            preempted = self._allocate_or_preempt()
+            n_decode = self._n_decode
+            sched[:] = [r for r in sched if r.state == _PREFILL]
+            tokens = n_decode + sum(r.chunk for r in sched)
+            quadratic = sum(r.chunk * (r.computed + r.chunk) for r in sched)
+        # 3. admission, FCFS with head-of-line blocking, never in a step that preempted
+        if not preempted and self.waiting:
+            tokens, quadratic = self._admit(sched, budget, tokens, quadratic)
+        self._record_gauges()
+        if tokens == 0:
+            if preempted:
+                return self._schedule()  # everything was preempted: admit afresh from the head
+            if self.waiting and not self.running:
+                # The head can never fit even an empty engine (capacity shrank under it): vLLM would have
+                # rejected it, so abort it rather than spin.
+                self._finish(self.waiting.popleft(), ABORT)
+                return self._schedule()
+            return None
+        self._sched_decodes = n_decode
+        context = self._decode_offset_sum + n_decode * (tick + 1)
+        dt = self._a + self._b * tokens + self._c * context + self._d * quadratic
+        self._dt = dt
+        self.steps += 1
+        self.busy_time += dt
+        self.tokens_scheduled += tokens
+        return dt
+
+    def _admit(self, sched: list[Request], budget: int, tokens: int, quadratic: int) -> tuple[int, int]:
+        bs = self.block_size
+        waiting = self.waiting
+        running = self.running
+        prefilling = self.prefilling
+        free = self.free_blocks
+        max_seqs = self.max_num_seqs
+        chunked = self.chunked_prefill
+        now = self.env.now
+        while waiting and budget > 0 and len(running) < max_seqs:
+            r = waiting[0]
+            chunk = r.prefill_target
+            if chunk > budget:
+                if not chunked:
+                    break
+                chunk = budget
+            blocks = (chunk + bs - 1) // bs
+            if blocks > free:
+                break  # head-of-line blocking: nobody behind may overtake
+            waiting.popleft()
+            free -= blocks
+            budget -= chunk
+            r.blocks = blocks
+            r.chunk = chunk
+            r.state = _PREFILL
+            running[r] = None
+            prefilling[r] = None
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+            sched.append(r)
+            tokens += chunk
+            quadratic += chunk * chunk
+        self.free_blocks = free
+        return tokens, quadratic
+
+    def _allocate_or_preempt(self) -> bool:
+        """vLLM's walk: each running request in order takes its blocks, preempting from the tail when short."""
+        bs = self.block_size
+        tick = self.tick
+        running = self.running
+        free = self.free_blocks
+        preempted = False
+        for r in list(running):
+            state = r.state
+            if state == _DECODE:
+                need = 1 if (r.computed + tick - r.tick_base) % bs == 0 else 0
+            elif state == _PREFILL:
+                need = (r.computed + r.chunk + bs - 1) // bs - r.blocks if r.chunk else 0
+            else:
+                break  # preempted already: so is everything after it
+            while need > free:
+                victim, _ = running.popitem()
+                free += self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if r.state != state:
+                break
+            free -= need
+            if state == _PREFILL:
+                r.blocks += need
+        self.free_blocks = free
+        return preempted
+
+    def _preempt(self, r: Request) -> int:
+        """Recompute preemption: back to the head of the queue with nothing computed. Returns blocks freed."""
+        if r.state == _DECODE:
+            freed = self._leave_decode(r, self.tick, in_step=False)
+        else:
+            del self.prefilling[r]
+            freed = r.blocks
+            r.chunk = 0
+        r.computed = 0
+        r.blocks = 0
+        r.prefill_target = r.prompt_tokens + r.generated
+        r.state = _WAITING
+        r.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(r)
+        return freed
+
+    def _enter_decode(self, r: Request, tick: int) -> None:
+        offset = r.computed - tick
+        r.state = _DECODE
+        r.tick_base = tick
+        self._n_decode += 1
+        self._decode_offset_sum += offset
+        self._phase_counts[offset % self.block_size] += 1
+        finish_tick = tick + r.output_tokens - r.generated
+        bucket = self._finish_at.get(finish_tick)
+        if bucket is None:
+            self._finish_at[finish_tick] = [r]
+        else:
+            bucket.append(r)
+
+    def _leave_decode(self, r: Request, tick: int, *, in_step: bool) -> int:
+        """Take a decoding request out of the aggregates, materialise its progress; returns the blocks it held."""
+        offset = r.computed - r.tick_base
+        self._n_decode -= 1
+        self._decode_offset_sum -= offset
+        self._phase_counts[offset % self.block_size] -= 1
+        finish_tick = r.tick_base + r.output_tokens - r.generated
+        advanced = tick - r.tick_base
+        if finish_tick != tick:  # not the bucket being finished right now
+            self._finish_at[finish_tick].remove(r)
+        r.computed += advanced
+        r.generated += advanced
+        r.last_token_time = self.env.now
+        # Mid-step, the block for the token being computed is already allocated.
+        held = r.computed + 1 if in_step else r.computed
+        return (held + self.block_size - 1) // self.block_size
+
+    def _complete(self) -> None:
+        """End of a step: decodes emit a token each, prefills advance, finished requests leave."""
+        now = self.env.now
+        tick = self.tick = self.tick + 1
+        stats = self.stats
+        n = self._sched_decodes
+        if n:
+            stats.generation_tokens += n
+            stats.itl.observe_n(self._dt, n)
+        finishing = self._finish_at.pop(tick, None)
+        if finishing:
+            running = self.running
+            for r in finishing:
+                self.free_blocks += self._leave_decode(r, tick, in_step=False)
+                del running[r]
+                self._finish(r, r.stop_reason)
+        for r in self._sched_prefills:
+            if r.state != _PREFILL:
+                continue  # aborted during the step
+            r.computed += r.chunk
+            r.chunk = 0
+            if r.computed >= r.prefill_target:
+                self._prefill_done(r, now, tick)
+        self._sched_prefills.clear()
+
+    def _prefill_done(self, r: Request, now: float, tick: int) -> None:
+        del self.prefilling[r]
+        stats = self.stats
+        if r.first_token_time is None:
+            r.first_token_time = now
+            stats.ttft.observe(now - r.arrival_time)  # type: ignore[operator]
+            stats.prompt_tokens += r.prompt_tokens
+        elif not r.embedding:
+            stats.itl.observe(now - r.last_token_time)  # type: ignore[operator]  # first token after a recompute
+        if r.embedding:
+            r.last_token_time = now
+            self.free_blocks += r.blocks
+            del self.running[r]
+            self._finish(r, r.stop_reason)
+            return
+        r.generated += 1
+        r.last_token_time = now
+        stats.generation_tokens += 1
+        if r.generated >= r.output_tokens:
+            self.free_blocks += r.blocks
+            del self.running[r]
+            self._finish(r, r.stop_reason)
+        else:
+            self._enter_decode(r, tick)
+
+    def _finish(self, r: Request, reason: str) -> None:
+        now = self.env.now
+        r.state = _FINISHED
+        r.finish_time = now
+        r.finished_reason = reason
+        r.blocks = 0
+        stats = self.stats
+        stats.finished[reason] = stats.finished.get(reason, 0) + 1
+        if r.first_scheduled_time is not None:
+            stats.queue_time.observe(r.first_scheduled_time - r.queued_time)  # type: ignore[operator]
+        stats.e2e.observe(now - r.arrival_time)  # type: ignore[operator]
+        if r.first_token_time is not None and reason != ABORT:
+            stats.prefill_time.observe(r.first_token_time - r.first_scheduled_time)  # type: ignore[operator]
+            stats.decode_time.observe(now - r.first_token_time)
+        hook = self.on_request_finished
+        if hook is not None:
+            hook(r)
+        if r.done is not None:
+            r.done.succeed(r)
+        elif r.on_finish is not None:
+            r.on_finish(r)

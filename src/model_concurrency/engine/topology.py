@@ -1,0 +1,340 @@
+"""Servers (one ``/metrics`` page, several engine cores) and fleets of replicas behind a balancer.
+
+* :class:`Server` is one ``vllm serve`` process: an API front-end (a FIFO of per-request CPU work, see
+  :class:`~model_concurrency.engine.steptime.FrontEndCost`) feeding one or more engine cores labelled "0", "1", ...
+  through vLLM's data-parallel router (least ``4 × waiting + running``, or round-robin). It renders one page.
+* :class:`Fleet` is several servers behind a load balancer (round-robin, or least outstanding requests as nginx's
+  ``least_conn``). Each replica renders its own page; :meth:`Fleet.snapshot` is what a Prometheus
+  ``sum by (model_name)`` over all live replicas would give.
+
+Losing a replica aborts what it held (the client sees errors) and the balancer stops sending to it, as a health
+check would; its page becomes unreachable (:class:`EngineDownError`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import simpy
+from prometheus_client import generate_latest
+
+from model_concurrency.engine.engine import Engine, EngineDownError
+from model_concurrency.engine.metrics import make_registry
+from model_concurrency.engine.presets import EnginePreset
+from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.observation import EngineSnapshot
+
+__all__ = ["Fleet", "Server", "combine_snapshots"]
+
+Router = Literal["least_loaded", "round_robin"]
+
+
+def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
+    """Sum snapshots the way ``parse_vllm_metrics`` sums engines: counts added in order, KV usage the maximum.
+
+    Adding in page order from 0.0 keeps float sums bit-identical to the parser's.
+    """
+    items = list(snapshots)
+    if not items:
+        raise EngineDownError("no live engine to read")
+
+    def total(name: str) -> Any:
+        values = [getattr(s, name) for s in items]
+        if all(v is None for v in values):
+            return None
+        acc = 0.0
+        for v in values:
+            if v is not None:
+                acc += v
+        return acc
+
+    kv_values = [s.kv_cache_usage for s in items if s.kv_cache_usage is not None]
+    blocks = [s.kv_num_blocks for s in items if s.kv_num_blocks is not None]
+    return EngineSnapshot(
+        running=total("running"),
+        waiting=total("waiting"),
+        waiting_capacity=total("waiting_capacity"),
+        kv_cache_usage=max(kv_values) if kv_values else None,
+        kv_num_blocks=sum(blocks) if blocks else None,
+        preemptions_total=total("preemptions_total"),
+        success_total=total("success_total"),
+        queue_time_sum_total=total("queue_time_sum_total"),
+        queue_time_count_total=total("queue_time_count_total"),
+    )
+
+
+def _abort_outside(request: Request, now: float) -> None:
+    """Fail a request no engine holds (server down, or lost in the front-end): no engine counter moves."""
+    request.state = RequestState.FINISHED
+    request.finish_time = now
+    request.finished_reason = ABORT
+    if request.arrival_time is None:
+        request.arrival_time = now
+    if request.done is not None:
+        request.done.succeed(request)
+    elif request.on_finish is not None:
+        request.on_finish(request)
+
+
+class Server:
+    """One vLLM server: front-end, router and ``num_engines`` engine cores; one ``/metrics`` page."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        preset: EnginePreset,
+        *,
+        num_engines: int = 1,
+        model_name: str | None = None,
+        router: Router = "least_loaded",
+        name: str = "server",
+    ) -> None:
+        if num_engines < 1:
+            raise ValueError("num_engines must be >= 1")
+        if router not in ("least_loaded", "round_robin"):
+            raise ValueError(f"unknown router {router!r}")
+        self.env = env
+        self.preset = preset
+        self.model_name = model_name or preset.model_name
+        self.router = router
+        self.name = name
+        self.up = True
+        self.engines: list[Engine] = []
+        self.frontend = preset.frontend
+        self._frontend_free_at = [0.0] * preset.frontend.workers  # a heap of when each API worker is free
+        self._in_frontend: dict[Request, None] = {}
+        self._rr = itertools.count()
+        self.inflight = 0  # accepted and not finished: what a least-connections balancer counts
+        self.submitted = 0
+        self.completed = 0  # finished with a result
+        self.aborted = 0
+        self.on_request_finished: Callable[[Request], None] | None = None
+        for _ in range(num_engines):
+            self.add_engine()
+        self.registry = make_registry(lambda: self.engines)
+
+    # ------------------------------------------------------------------ topology
+    def add_engine(self) -> Engine:
+        """Add an engine core (the next ``engine`` label), e.g. "a GPU was added" as data parallelism."""
+        engine = Engine(self.env, self.preset, index=len(self.engines), model_name=self.model_name)
+        engine.on_request_finished = self._finished
+        self.engines.append(engine)
+        return engine
+
+    def set_capacity(self, **changes: Any) -> None:
+        """Apply :meth:`Engine.set_capacity` to every engine of this server."""
+        for engine in self.engines:
+            engine.set_capacity(**changes)
+
+    def set_down(self) -> None:
+        """The replica is lost: everything it holds is aborted and its page is unreachable."""
+        if not self.up:
+            return
+        self.up = False
+        for request in list(self._in_frontend):
+            del self._in_frontend[request]
+            self._count_finish(request, ok=False)
+            _abort_outside(request, self.env.now)
+        for engine in self.engines:
+            engine.set_down()
+
+    def set_up(self) -> None:
+        """The replica is back, as a fresh process: empty, counters from zero."""
+        if self.up:
+            return
+        self.up = True
+        self._frontend_free_at = [0.0] * self.frontend.workers
+        for engine in self.engines:
+            engine.set_up()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: Request) -> Any:
+        """Send a request; returns a SimPy event that succeeds with the request when it finishes (or aborts)."""
+        request.done = self.env.event()
+        self._accept(request)
+        return request.done
+
+    def submit_callback(self, request: Request, on_finish: Callable[[Request], None]) -> None:
+        """Send a request; ``on_finish(request)`` is called when it finishes (or aborts). No event is created."""
+        request.on_finish = on_finish
+        self._accept(request)
+
+    def abort(self, request: Request) -> bool:
+        """Cancel a request wherever it is (front-end or engine)."""
+        if request in self._in_frontend:
+            del self._in_frontend[request]
+            self._count_finish(request, ok=False)
+            _abort_outside(request, self.env.now)
+            return True
+        engine = request.engine
+        return isinstance(engine, Engine) and engine in self.engines and engine.abort(request)
+
+    def _accept(self, request: Request) -> None:
+        now = self.env.now
+        request.arrival_time = now
+        self.submitted += 1
+        self.inflight += 1
+        if not self.up:
+            self._count_finish(request, ok=False)
+            _abort_outside(request, now)
+            return
+        self.engines[0].check_fits(request)
+        if self.frontend.free:
+            self._route(request)
+            return
+        # The API server works requests FIFO on its workers; the engine sees the request when that work is done.
+        free_at = heapq.heappop(self._frontend_free_at)
+        done_at = max(now, free_at) + self.frontend.seconds(request.prompt_tokens)
+        heapq.heappush(self._frontend_free_at, done_at)
+        request.state = RequestState.FRONTEND
+        self._in_frontend[request] = None
+        self.env.timeout(done_at - now).callbacks.append(lambda _event: self._frontend_done(request))
+
+    def _frontend_done(self, request: Request) -> None:
+        if request not in self._in_frontend:
+            return  # aborted meanwhile
+        del self._in_frontend[request]
+        self._route(request)
+
+    def _route(self, request: Request) -> None:
+        live = [e for e in self.engines if e.up]
+        if not live:
+            self._count_finish(request, ok=False)
+            _abort_outside(request, self.env.now)
+            return
+        if len(live) == 1:
+            engine = live[0]
+        elif self.router == "round_robin":
+            engine = live[next(self._rr) % len(live)]
+        else:
+            engine = min(live, key=lambda e: e.load)
+        engine.enqueue(request)
+
+    def _count_finish(self, request: Request, *, ok: bool) -> None:
+        self.inflight -= 1
+        if ok:
+            self.completed += 1
+        else:
+            self.aborted += 1
+        hook = self.on_request_finished
+        if hook is not None:
+            hook(request)
+
+    def _finished(self, request: Request) -> None:
+        self._count_finish(request, ok=request.ok)
+
+    # ------------------------------------------------------------------ signals
+    def snapshot(self) -> EngineSnapshot:
+        """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
+        if not self.up:
+            raise EngineDownError(f"{self.name} is down")
+        return combine_snapshots(e.snapshot() for e in self.engines if e.up)
+
+    def render_metrics(self) -> str:
+        """The ``/metrics`` page as Prometheus text."""
+        if not self.up:
+            raise EngineDownError(f"{self.name} is down")
+        return generate_latest(self.registry).decode("utf-8")
+
+    @property
+    def num_running(self) -> int:
+        return sum(e.num_running for e in self.engines)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(e.num_waiting for e in self.engines)
+
+
+class Fleet:
+    """Replicas behind a balancer: ``round_robin`` or ``least_loaded`` (fewest outstanding requests)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: Iterable[Server] = (),
+        *,
+        balancer: Router = "round_robin",
+    ) -> None:
+        if balancer not in ("least_loaded", "round_robin"):
+            raise ValueError(f"unknown balancer {balancer!r}")
+        self.env = env
+        self.balancer = balancer
+        self.replicas: list[Server] = list(replicas)
+        self._rr = itertools.count()
+
+    @classmethod
+    def of(
+        cls,
+        env: simpy.Environment,
+        preset: EnginePreset,
+        *,
+        replicas: int = 2,
+        engines_per_replica: int = 1,
+        balancer: Router = "round_robin",
+        model_name: str | None = None,
+    ) -> Fleet:
+        """``replicas`` identical servers of ``preset``."""
+        servers = [
+            Server(env, preset, num_engines=engines_per_replica, model_name=model_name, name=f"replica-{i}")
+            for i in range(replicas)
+        ]
+        return cls(env, servers, balancer=balancer)
+
+    def add_replica(self, server: Server) -> Server:
+        self.replicas.append(server)
+        return server
+
+    def remove_replica(self, server: Server) -> None:
+        """Take a replica out of rotation and lose it (its requests abort)."""
+        server.set_down()
+        self.replicas.remove(server)
+
+    @property
+    def live(self) -> Sequence[Server]:
+        return [s for s in self.replicas if s.up]
+
+    def pick(self) -> Server | None:
+        live = self.live
+        if not live:
+            return None
+        if self.balancer == "round_robin":
+            return live[next(self._rr) % len(live)]
+        return min(live, key=lambda s: s.inflight)
+
+    def submit(self, request: Request) -> Any:
+        server = self.pick()
+        if server is None:
+            request.done = self.env.event()
+            _abort_outside(request, self.env.now)
+            return request.done
+        return server.submit(request)
+
+    def submit_callback(self, request: Request, on_finish: Callable[[Request], None]) -> None:
+        server = self.pick()
+        if server is None:
+            request.on_finish = on_finish
+            _abort_outside(request, self.env.now)
+            return
+        server.submit_callback(request, on_finish)
+
+    def set_capacity(self, **changes: Any) -> None:
+        for server in self.replicas:
+            server.set_capacity(**changes)
+
+    def snapshot(self) -> EngineSnapshot:
+        """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
+        return combine_snapshots(s.snapshot() for s in self.live)
+
+    def render_metrics(self, replica: int) -> str:
+        return self.replicas[replica].render_metrics()
+
+    @property
+    def inflight(self) -> int:
+        return sum(s.inflight for s in self.replicas)
+
+    @property
+    def completed(self) -> int:
+        return sum(s.completed for s in self.replicas)
