@@ -1,5 +1,41 @@
-"""The fan-out gate: one resizable limiter per model behind map_concurrent and map_concurrent_sync."""
+"""The fan-out gate: one resizable limiter per model behind map_concurrent and map_concurrent_sync.
 
+Layers, bottom up: :mod:`.limiter` (pure bookkeeping, the invariant), :mod:`.model_limiter` (that core under a
+lock, waking asyncio and thread waiters; one per model), :mod:`.pool` (one self-shrinking thread pool per model),
+:mod:`.target` (the limit a fan-out obeys, re-read through the controller's throttle), then the fronts
+:mod:`.aio` and :mod:`.threaded`. ``reset_controllers()`` drops limiters, pools and stats through the hook
+registered here; calls in flight keep the objects they hold.
+"""
+
+from __future__ import annotations
+
+from model_concurrency.controller import on_reset
+from model_concurrency.gate.aio import imap_concurrent, map_concurrent
 from model_concurrency.gate.limiter import LimiterCore
+from model_concurrency.gate.model_limiter import ModelLimiter, drop_limiters, limiter_for, registered_limiters
+from model_concurrency.gate.pool import WorkerPool, drop_pools, pool_for
+from model_concurrency.gate.stats import GateStats, gate_stats, reset_stats
+from model_concurrency.gate.threaded import map_concurrent_sync
 
-__all__ = ["LimiterCore"]
+__all__ = [
+    "GateStats",
+    "LimiterCore",
+    "ModelLimiter",
+    "WorkerPool",
+    "gate_stats",
+    "imap_concurrent",
+    "limiter_for",
+    "map_concurrent",
+    "map_concurrent_sync",
+    "pool_for",
+    "registered_limiters",
+]
+
+
+def _drop_all() -> None:
+    drop_limiters()
+    drop_pools()
+    reset_stats()
+
+
+on_reset(_drop_all)

@@ -12,7 +12,9 @@ Rules, after trio's CapacityLimiter (see docs/architecture.md):
   the queue between the release and the wake-up;
 * ``admit`` computes ``min(waiting, limit - inflight)`` from the slots actually held, so shrink-then-grow with
   holders still in cannot over-admit (the anyio bug: 4 holders, 4 → 1 → 3 admitted 6 against a limit of 3);
-* a waiter cancelled after it was granted must hand its slot back with :meth:`release`.
+* a waiter cancelled after it was granted must hand its slot back with :meth:`release`;
+* a *pinned* slot (:meth:`acquire_pinned`, for a fan-out that passed ``capacity=``) is counted but not gated: it
+  may push ``inflight`` above the limit, which holds every gated caller back until the count drains.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class LimiterCore(Generic[W]):
             raise ValueError("waiter is already queued")
         self._waiters[waiter] = None
         return False
+
+    def acquire_pinned(self) -> None:
+        """Count a call that a caller's explicit ``capacity=`` admits: never waits, never checks the limit."""
+        self.inflight += 1
 
     def _admit(self) -> list[W]:
         granted: list[W] = []

@@ -1,0 +1,430 @@
+"""The asyncio front of the gate: ``map_concurrent`` and ``imap_concurrent``.
+
+A fan-out is a handful of worker tasks, never a task per item: each worker pulls the next item, takes a slot of
+the model's limiter, runs ``fn`` inline, releases in ``finally`` and records the outcome. So a generator of a
+million items is pulled one item per free worker, and pending work is bounded by the number of workers, which
+follows the limit: a worker leaves when there are more workers than the limit, and a re-read that finds the
+limit higher starts more. The uncontended path takes the limiter's lock once each way and creates no future.
+
+Worker kinds:
+
+* gated: waits its turn in the model's FIFO (the default: the adaptive or static target);
+* pinned: ``capacity=N`` runs N workers that count in the model's in-flight without waiting on its limit;
+* borrowed + opportunistic: a fan-out started from inside an item of the same model (the context holds one of
+  that limiter's slots) runs one worker on its parent's slot, which always makes progress, and adds workers only
+  for slots that are free at once; it never queues behind slots its own parents hold, so it cannot deadlock.
+
+A sync ``fn`` runs on the model's worker-thread pool. Its slot is released by whichever side ends last: the
+worker when the thread has returned, else the thread itself (after a timeout or cancellation the engine call is
+still running, so its slot stays counted until it really ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from time import perf_counter
+from typing import Any
+
+from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
+from model_concurrency.gate.pool import WorkerPool, pool_for
+from model_concurrency.gate.stats import merge_stats
+from model_concurrency.gate.target import REFRESH_S, Target, check_args
+
+__all__ = ["imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
+
+_END: Any = object()
+_PENDING: Any = object()
+
+GATED, PINNED, BORROWED, OPPORTUNISTIC = range(4)
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """``async def`` functions, partials of them, and objects whose ``__call__`` is ``async def``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def raise_first(first: tuple[int, BaseException], more: list[tuple[int, BaseException]], where: str) -> None:
+    """Raise the first failure itself (so ``except SomeError`` works) with the others listed in its notes."""
+    index, exc = first
+    exc.add_note(f"{where}: item {index} failed first; no new item started after it")
+    if more:
+        listed = "; ".join(f"item {i}: {type(e).__name__}: {e}" for i, e in more[:10])
+        extra = f" (and {len(more) - 10} more)" if len(more) > 10 else ""
+        exc.add_note(f"{where}: {len(more)} more item(s) failed while running ones finished: {listed}{extra}")
+    raise exc
+
+
+def _post(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class _ThreadJob:
+    """One sync call on a pool thread, posting back to the loop; the slot is released exactly once."""
+
+    __slots__ = ("detached", "done", "fn", "future", "holding", "limiter", "lock", "loop", "value")
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        value: Any,
+        loop: asyncio.AbstractEventLoop,
+        holding: tuple[ModelLimiter, ...],
+        limiter: ModelLimiter | None,
+    ) -> None:
+        self.fn, self.value, self.loop, self.holding, self.limiter = fn, value, loop, holding, limiter
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.lock = threading.Lock()
+        self.done = self.detached = False
+
+    def run(self) -> None:
+        token = HOLDING.set(self.holding)
+        try:
+            value, ok = self.fn(self.value), True
+        except BaseException as exc:
+            value, ok = exc, False
+        finally:
+            HOLDING.reset(token)
+        with self.lock:
+            self.done = True
+            detached = self.detached
+        if not detached:
+            try:
+                self.loop.call_soon_threadsafe(_post, self.future, ok, value)
+                return
+            except RuntimeError:  # the loop is gone; nobody else will release
+                pass
+        if self.limiter is not None:
+            self.limiter.release()
+
+    def settle(self) -> None:
+        """Called by the awaiting worker when it stops waiting, for any reason."""
+        with self.lock:
+            release_here = self.done
+            self.detached = not self.done
+        if release_here and self.limiter is not None:
+            self.limiter.release()
+
+
+class _Run:
+    """One call of map_concurrent / imap_concurrent."""
+
+    def __init__(
+        self,
+        items: Iterable[Any] | AsyncIterable[Any],
+        fn: Callable[[Any], Any],
+        *,
+        model: str | None,
+        capacity: int | None,
+        return_exceptions: bool,
+        timeout: float | None,
+        streaming: bool,
+    ) -> None:
+        check_args(capacity, timeout)
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        self._it: Iterator[Any] | None = None
+        self._ait: AsyncIterator[Any] | None = None
+        if isinstance(items, AsyncIterable):
+            self._ait = aiter(items)
+            self._pull_lock = asyncio.Lock()
+        else:
+            self._it = iter(items)
+        self.fn = fn
+        self.is_async = is_async_callable(fn)
+        self.target = Target(model, capacity)
+        self.return_exceptions = return_exceptions
+        self.timeout = timeout
+        self.streaming = streaming
+        self.results: list[Any] = []
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.room: asyncio.Semaphore | None = None
+        self.next_index = 0
+        self.stopped = self.exhausted = False
+        self.first_error: tuple[int, BaseException] | None = None
+        self.more_errors: list[tuple[int, BaseException]] = []
+        self.fatal: BaseException | None = None
+        self.alive = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.finished: asyncio.Future[None] | None = None
+        self.nested = self.end_sent = False
+        self.holding: tuple[ModelLimiter, ...] = ()
+        self.pool: WorkerPool | None = None
+
+    # -- workers ---------------------------------------------------------------------------------------------
+    def _spawn(self, count: int, mode: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(count):
+            self.alive += 1
+            task = loop.create_task(self._worker(mode))
+            self.tasks.add(task)
+            task.add_done_callback(self._worker_done)
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+
+    def _finish(self) -> None:
+        if self.finished is not None and not self.finished.done():
+            self.finished.set_result(None)
+        if self.streaming and not self.end_sent:
+            self.end_sent = True
+            self.queue.put_nowait(_END)
+
+    async def _refresh(self) -> None:
+        limit = await self.target.arefresh()
+        if self.stopped or self.exhausted or self.alive == 0 or self.target.pinned is not None:
+            return
+        missing = limit - self.alive
+        if missing > 0:
+            self._spawn(missing, OPPORTUNISTIC if self.nested else GATED)
+
+    async def _pull(self) -> Any:
+        try:
+            if self._it is not None:
+                value = next(self._it)
+            else:
+                assert self._ait is not None
+                async with self._pull_lock:
+                    if self.exhausted:
+                        return _END
+                    value = await anext(self._ait)
+        except (StopIteration, StopAsyncIteration):
+            self.exhausted = True
+            return _END
+        except Exception as exc:  # the caller's iterable failed: stop, drain, raise it
+            if self.fatal is None:
+                self.fatal = exc
+            self.stopped = True
+            return _END
+        index = self.next_index
+        self.next_index = index + 1
+        if not self.streaming:
+            self.results.append(_PENDING)
+        return index, value
+
+    async def _worker(self, mode: int) -> None:
+        target = self.target
+        limiter = target.limiter
+        HOLDING.set(self.holding)
+        releases = mode != BORROWED
+        try:
+            while not (self.stopped or self.exhausted):
+                if mode != PINNED and mode != BORROWED and self.alive > target.limit:
+                    break  # the limit shrank: surplus workers leave
+                if target.due():
+                    await self._refresh()
+                    continue
+                if mode == OPPORTUNISTIC:
+                    if not limiter.try_acquire():
+                        break
+                    item = await self._pull()
+                    if item is _END:
+                        limiter.release()
+                        break
+                else:
+                    item = await self._pull()
+                    if item is _END:
+                        break
+                    if mode == GATED:
+                        await limiter.acquire()
+                    elif mode == PINNED:
+                        limiter.acquire_pinned()
+                if self.stopped:  # a failure happened while this worker waited: the item is not started
+                    if releases:
+                        limiter.release()
+                    break
+                await self._run_item(item[0], item[1], limiter if releases else None)
+        except Exception as exc:  # a bug here, not in fn (fn's errors are caught per item): stop and raise it
+            if self.fatal is None:
+                self.fatal = exc
+            self.stopped = True
+        finally:
+            self.alive -= 1
+            if self.alive == 0:
+                self._finish()
+
+    async def _run_item(self, index: int, value: Any, limiter: ModelLimiter | None) -> None:
+        exc: BaseException | None = None
+        result: Any = None
+        start = perf_counter()
+        if self.is_async:
+            try:
+                if self.timeout is None:
+                    result = await self.fn(value)
+                else:
+                    async with asyncio.timeout(self.timeout):
+                        result = await self.fn(value)
+            except Exception as error:
+                exc = error
+            finally:
+                if limiter is not None:
+                    limiter.release()
+        else:
+            result, exc = await self._in_thread(value, limiter)
+        self.target.record(perf_counter() - start, exc)
+        if exc is not None and not self.return_exceptions:
+            if self.first_error is None:
+                self.first_error = (index, exc)
+                self.stopped = True
+            else:
+                self.more_errors.append((index, exc))
+            return
+        outcome = exc if exc is not None else result
+        if not self.streaming:
+            self.results[index] = outcome
+            return
+        assert self.room is not None
+        await self.room.acquire()
+        self.queue.put_nowait((index, outcome))
+
+    async def _in_thread(self, value: Any, limiter: ModelLimiter | None) -> tuple[Any, BaseException | None]:
+        assert self.pool is not None
+        job = _ThreadJob(self.fn, value, asyncio.get_running_loop(), self.holding, limiter)
+        self.pool.submit(job.run)
+        try:
+            if self.timeout is None:
+                result = await job.future
+                if inspect.isawaitable(result):  # a plain function that returned a coroutine
+                    result = await result
+            else:
+                async with asyncio.timeout(self.timeout):
+                    result = await job.future
+                    if inspect.isawaitable(result):
+                        result = await result
+            return result, None
+        except Exception as exc:
+            return None, exc
+        finally:
+            job.settle()
+
+    # -- the call --------------------------------------------------------------------------------------------
+    async def execute(self) -> None:
+        try:
+            await self._execute()
+        finally:
+            self._finish()  # a stream's consumer always gets its end marker
+
+    async def _execute(self) -> None:
+        target = self.target
+        limit = await target.arefresh()
+        limiter = target.limiter
+        outer = HOLDING.get()
+        self.nested = target.pinned is None and limiter in outer
+        self.holding = outer if limiter in outer else (*outer, limiter)
+        if not self.is_async:
+            self.pool = pool_for(target.key)
+        if self.streaming:
+            self.room = asyncio.Semaphore(max(2 * limit, 64))
+        self.finished = asyncio.get_running_loop().create_future()
+        if self.nested:
+            self._spawn(1, BORROWED)
+            self._spawn(limit - 1, OPPORTUNISTIC)
+        else:
+            self._spawn(limit, GATED if target.pinned is None else PINNED)
+        try:
+            while not self.finished.done():
+                # While workers run, the caller re-reads the target on a timer, so a growth is seen even when
+                # every item is slow and no worker starts anything for a while.
+                await asyncio.wait((self.finished,), timeout=REFRESH_S)
+                if not self.finished.done():
+                    await self._refresh()
+        except BaseException:
+            self.stopped = True
+            await self._cancel_all()
+            raise
+        finally:
+            merge_stats(target.key, target.tally)
+        if self.fatal is not None:
+            raise self.fatal
+        if self.first_error is not None:
+            raise_first(self.first_error, self.more_errors, "map_concurrent")
+
+    async def _cancel_all(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        while self.tasks:
+            try:
+                await asyncio.wait(set(self.tasks))
+            except asyncio.CancelledError:  # cancelled again: keep waiting, every slot must come back
+                for task in self.tasks:
+                    task.cancel()
+
+
+async def map_concurrent(
+    items: Iterable[Any] | AsyncIterable[Any],
+    fn: Callable[[Any], Any],
+    *,
+    model: str | None = None,
+    capacity: int | None = None,
+    return_exceptions: bool = False,
+    timeout: float | None = None,
+) -> list[Any]:
+    """Call ``fn`` on every item with at most the model's target in flight; results in input order.
+
+    ``fn`` may be ``async def`` (run on this loop) or plain (run on the model's worker threads). ``items`` may be
+    any iterable or async iterable; it is pulled lazily, one item per free worker. ``capacity`` pins this call's
+    limit instead of following the target (its calls still count in the model's in-flight). ``timeout`` bounds
+    each item (``TimeoutError`` for that item). By default the first failure stops new starts, waits for the
+    running calls and is raised, with the other failures listed in its ``__notes__``; with
+    ``return_exceptions=True`` each failed item's exception stands in its place. Cancelling the caller cancels
+    every call and releases every slot.
+    """
+    run = _Run(
+        items,
+        fn,
+        model=model,
+        capacity=capacity,
+        return_exceptions=return_exceptions,
+        timeout=timeout,
+        streaming=False,
+    )
+    await run.execute()
+    return run.results
+
+
+async def imap_concurrent(
+    items: Iterable[Any] | AsyncIterable[Any],
+    fn: Callable[[Any], Any],
+    *,
+    model: str | None = None,
+    capacity: int | None = None,
+    return_exceptions: bool = False,
+    timeout: float | None = None,
+) -> AsyncIterator[tuple[int, Any]]:
+    """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
+
+    Finished results wait in a bounded buffer: a consumer that stops reading stops new starts once the buffer is
+    full. Leaving the loop early (``break``, an exception) cancels the calls still running and releases their
+    slots. Errors follow :func:`map_concurrent`: without ``return_exceptions`` the first failure is raised after
+    the running calls have finished (their results are still yielded).
+    """
+    run = _Run(
+        items,
+        fn,
+        model=model,
+        capacity=capacity,
+        return_exceptions=return_exceptions,
+        timeout=timeout,
+        streaming=True,
+    )
+    driver = asyncio.ensure_future(run.execute())
+    try:
+        while True:
+            item = await run.queue.get()
+            if item is _END:
+                break
+            assert run.room is not None
+            run.room.release()
+            yield item
+        await driver
+    finally:
+        if not driver.done():
+            driver.cancel()
+            await asyncio.gather(driver, return_exceptions=True)

@@ -1,0 +1,227 @@
+"""One limiter per model, shared by every event loop and thread of the process.
+
+A :class:`ModelLimiter` is a :class:`~model_concurrency.gate.limiter.LimiterCore` behind a ``threading.Lock``.
+The core decides who holds a slot; this module only turns its decisions into wake-ups:
+
+* an async waiter is an ``asyncio.Future`` on the waiter's own loop, resolved with ``call_soon_threadsafe`` when
+  the granting thread is not that loop's thread (waiters of several loops can share one limiter);
+* a thread waiter is a pre-acquired ``threading.Lock`` that the granter releases.
+
+The core is the only authority on whether a waiter was granted: a waiter that gives up (cancelled, timed out,
+interrupted) asks the core to withdraw it, and if the core says it was already granted, the waiter releases the
+slot, which passes it on to the next in line. Wake-ups happen outside the lock.
+
+The registry maps a model key to its limiter. :func:`drop_limiters` (run by ``reset_controllers()``) forgets them
+all; calls in flight keep a reference to the limiter they acquired from and release into it, harmlessly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+from typing import Protocol
+
+from model_concurrency.gate.limiter import LimiterCore
+
+__all__ = [
+    "HOLDING",
+    "ModelLimiter",
+    "ThreadWaiter",
+    "drop_limiters",
+    "is_current",
+    "limiter_for",
+    "registered_limiters",
+]
+
+# The limiters whose slot the current context is running an item under. A fan-out started from inside one of
+# its own model's items sees its limiter here and runs "nested" (see docs/gate.md): it never queues for a slot
+# its parent may be holding.
+HOLDING: contextvars.ContextVar[tuple[ModelLimiter, ...]] = contextvars.ContextVar(
+    "model_concurrency_holding", default=()
+)
+
+_running_loop = asyncio.events._get_running_loop
+
+
+class _Waiter(Protocol):
+    def wake(self, limiter: ModelLimiter) -> None: ...
+
+
+def _grant(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _AsyncWaiter:
+    __slots__ = ("future", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def wake(self, limiter: ModelLimiter) -> None:
+        if _running_loop() is self.loop:
+            _grant(self.future)
+            return
+        try:
+            self.loop.call_soon_threadsafe(_grant, self.future)
+        except RuntimeError:  # the waiter's loop is closed: nobody will take the slot, so pass it on
+            limiter.release()
+
+
+class ThreadWaiter:
+    """A queued thread: :meth:`wait` until granted, or :meth:`ModelLimiter.withdraw` to give up."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def wake(self, limiter: ModelLimiter) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once granted; False if ``timeout`` passed first (the waiter is still queued)."""
+        return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+
+
+class ModelLimiter:
+    """A model's resizable limit and in-flight count, safe across threads and event loops."""
+
+    __slots__ = ("_core", "_lock", "name")
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._core: LimiterCore[_Waiter] = LimiterCore(limit)
+
+    @property
+    def limit(self) -> int:
+        return self._core.limit
+
+    @property
+    def waiting(self) -> int:
+        return self._core.waiting
+
+    def inflight(self) -> int:
+        """Slots held now (what the controller reports to the policy as this process's in-flight)."""
+        return self._core.inflight
+
+    def _wake(self, granted: list[_Waiter]) -> None:
+        for waiter in granted:
+            waiter.wake(self)
+
+    def resize(self, limit: int) -> None:
+        if limit == self._core.limit:  # the common case at every re-read: no lock
+            return
+        with self._lock:
+            granted = self._core.resize(limit)
+        if granted:
+            self._wake(granted)
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            return self._core.try_acquire()
+
+    def acquire_pinned(self) -> None:
+        with self._lock:
+            self._core.acquire_pinned()
+
+    def release(self) -> None:
+        with self._lock:
+            granted = self._core.release()
+        if granted:
+            self._wake(granted)
+
+    async def acquire(self) -> None:
+        """Wait for a slot (FIFO). Cancelled while waiting: withdrawn, or the granted slot is passed on."""
+        with self._lock:
+            if self._core.try_acquire():
+                return
+            waiter = _AsyncWaiter(asyncio.get_running_loop())
+            if self._core.acquire_or_enqueue(waiter):
+                return
+        try:
+            await waiter.future
+        except BaseException:
+            with self._lock:
+                withdrawn = self._core.cancel(waiter)
+            if not withdrawn:
+                self.release()
+            raise
+
+    def acquire_or_enqueue_thread(self) -> ThreadWaiter | None:
+        """None: the caller holds a slot. Otherwise a queued waiter to :meth:`ThreadWaiter.wait` on."""
+        with self._lock:
+            if self._core.try_acquire():
+                return None
+            waiter = ThreadWaiter()
+            if self._core.acquire_or_enqueue(waiter):
+                return None
+            return waiter
+
+    def withdraw(self, waiter: ThreadWaiter) -> bool:
+        """Give up waiting. True: withdrawn. False: it was granted meanwhile and the caller now holds the slot."""
+        with self._lock:
+            return self._core.cancel(waiter)
+
+    def acquire_blocking(self, timeout: float | None = None) -> bool:
+        """Block for a slot; False if ``timeout`` passed first. Interrupted: withdrawn or passed on."""
+        waiter = self.acquire_or_enqueue_thread()
+        if waiter is None:
+            return True
+        try:
+            if waiter.wait(timeout):
+                return True
+        except BaseException:
+            if not self.withdraw(waiter):
+                self.release()
+            raise
+        return not self.withdraw(waiter)
+
+    def __repr__(self) -> str:
+        core = self._core
+        return f"ModelLimiter({self.name!r}, limit={core.limit}, inflight={core.inflight}, waiting={core.waiting})"
+
+
+_limiters: dict[str, ModelLimiter] = {}
+_registry_lock = threading.Lock()
+
+
+def limiter_for(key: str, limit: int) -> ModelLimiter:
+    """The process's limiter for ``key``, created with ``limit`` on first use (callers resize it afterwards)."""
+    limiter = _limiters.get(key)
+    if limiter is None:
+        with _registry_lock:
+            limiter = _limiters.get(key)
+            if limiter is None:
+                limiter = _limiters[key] = ModelLimiter(key, limit)
+    return limiter
+
+
+def is_current(limiter: ModelLimiter) -> bool:
+    """Whether ``limiter`` is still the registered one for its model (False after a reset)."""
+    return _limiters.get(limiter.name) is limiter
+
+
+def registered_limiters() -> dict[str, ModelLimiter]:
+    with _registry_lock:
+        return dict(_limiters)
+
+
+def drop_limiters() -> None:
+    """Forget every limiter. Holders keep their object and release into it; new calls get fresh limiters."""
+    with _registry_lock:
+        _limiters.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _limiters.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,264 @@
+"""The thread front of the gate: ``map_concurrent_sync``.
+
+The calling thread is the driver: it pulls one item, waits in the model's FIFO for a slot (or, with
+``capacity=N``, for one of the call's own N permits, the model slot being counted without waiting), and hands
+the item to the model's worker pool. The job releases its slot as soon as ``fn`` returns, then settles the
+item's result. So pending work is the running calls plus the one item the driver holds.
+
+Nested calls: if the driver thread is itself running an item of the same model (a pool job calling
+``map_concurrent_sync`` again), it must not queue for a slot, since the slots it would wait for may all be held
+by parents waiting on it. It takes a slot only if one is free at once and otherwise runs the item inline, on
+its parent's slot. It always makes progress, and the model never runs more than its limit.
+
+A sync ``fn`` cannot be interrupted: with ``timeout`` its item becomes a ``TimeoutError`` when the deadline
+passes (the driver wakes for deadlines while it waits), but its thread and slot stay busy until ``fn`` returns,
+because the engine is still working on that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import heapq
+import threading
+from collections.abc import AsyncIterable, Callable, Iterable
+from functools import partial
+from time import monotonic, perf_counter
+from typing import Any
+
+from model_concurrency.gate.aio import is_async_callable, map_concurrent, raise_first
+from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
+from model_concurrency.gate.pool import pool_for
+from model_concurrency.gate.stats import merge_stats
+from model_concurrency.gate.target import REFRESH_S, Target, check_args
+
+__all__ = ["map_concurrent_sync"]
+
+_PENDING: Any = object()
+
+
+class _SyncRun:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        model: str | None,
+        capacity: int | None,
+        return_exceptions: bool,
+        timeout: float | None,
+    ) -> None:
+        self.fn = fn
+        self.target = Target(model, capacity)
+        self.return_exceptions = return_exceptions
+        self.timeout = timeout
+        self.cond = threading.Condition(threading.Lock())
+        self.results: list[Any] = []
+        self.outstanding = 0
+        self.stopped = False
+        self.first_error: tuple[int, BaseException] | None = None
+        self.more_errors: list[tuple[int, BaseException]] = []
+        self.deadlines: list[tuple[float, int]] = []
+        self.permits = threading.Semaphore(capacity) if capacity is not None else None
+        self.holding: tuple[ModelLimiter, ...] = ()
+
+    # -- slots -------------------------------------------------------------------------------------------------
+    def _release(self, limiter: ModelLimiter, pinned: bool) -> None:
+        limiter.release()
+        if pinned:
+            assert self.permits is not None
+            self.permits.release()
+
+    def _wait_slot(self) -> bool:
+        """Block for a slot, re-reading the target and expiring deadlines meanwhile. False if stopped."""
+        limiter = self.target.limiter
+        if self.permits is not None:
+            while not self.permits.acquire(timeout=self._wait_s()):
+                self._tick()
+            if self.stopped:
+                self.permits.release()
+                return False
+            limiter.acquire_pinned()
+            return True
+        waiter = limiter.acquire_or_enqueue_thread()
+        try:
+            while waiter is not None and not waiter.wait(self._wait_s()):
+                self._tick()
+        except BaseException:
+            if not limiter.withdraw(waiter):  # type: ignore[arg-type]
+                limiter.release()
+            raise
+        if self.stopped:
+            limiter.release()
+            return False
+        return True
+
+    def _try_slot(self) -> bool:
+        limiter = self.target.limiter
+        if self.permits is not None:
+            if not self.permits.acquire(blocking=False):
+                return False
+            limiter.acquire_pinned()
+            return True
+        return limiter.try_acquire()
+
+    def _wait_s(self) -> float:
+        wait = REFRESH_S
+        if self.deadlines:
+            wait = min(wait, self.deadlines[0][0] - monotonic())
+        return max(wait, 0.0)
+
+    def _tick(self) -> None:
+        """While waiting: follow the target and turn overdue items into TimeoutErrors."""
+        self.target.refresh()
+        now = monotonic()
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, index = heapq.heappop(self.deadlines)
+            self._settle(index, None, TimeoutError(f"item {index} did not finish within {self.timeout}s"), None)
+
+    # -- items -------------------------------------------------------------------------------------------------
+    def _job(self, index: int, value: Any, limiter: ModelLimiter | None) -> None:
+        """Run one item (on a pool thread, or inline when nested): call, release, settle."""
+        token = HOLDING.set(self.holding)
+        start = perf_counter()
+        result: Any = None
+        exc: BaseException | None = None
+        try:
+            result = self.fn(value)
+        except BaseException as error:
+            exc = error
+        finally:
+            HOLDING.reset(token)
+            if limiter is not None:
+                self._release(limiter, self.permits is not None)
+        latency = perf_counter() - start
+        if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
+            # Inline (nested) items cannot be timed out while they run; judge them when they end.
+            exc = TimeoutError(f"item {index} did not finish within {self.timeout}s")
+        self._settle(index, result, exc, latency)
+
+    def _settle(self, index: int, result: Any, exc: BaseException | None, latency: float | None) -> None:
+        with self.cond:
+            if self.results[index] is not _PENDING:
+                return  # already timed out; the late result is dropped, its slot was released above
+            self.target.record(latency if latency is not None else self.timeout or 0.0, exc)
+            if exc is not None and not self.return_exceptions:
+                self.results[index] = exc
+                if self.first_error is None:
+                    self.first_error = (index, exc)
+                    self.stopped = True
+                else:
+                    self.more_errors.append((index, exc))
+            else:
+                self.results[index] = exc if exc is not None else result
+            self.outstanding -= 1
+            if self.outstanding == 0:
+                self.cond.notify_all()
+
+    # -- the call ----------------------------------------------------------------------------------------------
+    def execute(self, items: Iterable[Any]) -> list[Any]:
+        target = self.target
+        target.refresh()
+        limiter = target.limiter
+        outer = HOLDING.get()
+        nested = limiter in outer
+        self.holding = outer if nested else (*outer, limiter)
+        pool = pool_for(target.key)
+        try:
+            for value in items:
+                if self.stopped:
+                    break
+                if target.due():
+                    target.refresh()
+                index = len(self.results)
+                with self.cond:
+                    self.results.append(_PENDING)
+                    self.outstanding += 1
+                if nested and not self._try_slot():
+                    self._job(index, value, None)  # on the parent's slot, on this thread
+                    continue
+                if not nested and not self._wait_slot():
+                    with self.cond:
+                        self.results.pop()
+                        self.outstanding -= 1
+                    break
+                if self.timeout is not None:
+                    heapq.heappush(self.deadlines, (monotonic() + self.timeout, index))
+                try:
+                    pool.submit(partial(self._job, index, value, limiter))
+                except BaseException:
+                    self._release(limiter, self.permits is not None)
+                    raise
+            self._wait_all()
+        except BaseException:
+            self.stopped = True  # no new starts; running calls finish on their threads and release there
+            raise
+        finally:
+            merge_stats(target.key, target.tally)
+        if self.first_error is not None:
+            raise_first(self.first_error, self.more_errors, "map_concurrent_sync")
+        return self.results
+
+    def _wait_all(self) -> None:
+        while True:
+            with self.cond:
+                if self.outstanding == 0:
+                    return
+                self.cond.wait(self._wait_s())
+                if self.outstanding == 0:
+                    return
+            self._tick()
+
+
+def _run_coroutine(coro_fn: Callable[[], Any]) -> Any:
+    """``asyncio.run`` from sync code, on a helper thread when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    box: list[Any] = []
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box.append((True, context.run(asyncio.run, coro_fn())))
+        except BaseException as exc:
+            box.append((False, exc))
+
+    thread = threading.Thread(target=target, name="model-concurrency-async-bridge")
+    thread.start()
+    thread.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def map_concurrent_sync(
+    items: Iterable[Any] | AsyncIterable[Any],
+    fn: Callable[[Any], Any],
+    *,
+    model: str | None = None,
+    capacity: int | None = None,
+    return_exceptions: bool = False,
+    timeout: float | None = None,
+) -> list[Any]:
+    """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
+
+    A plain ``fn`` runs on the model's worker threads (one pool per model, idle threads exit). An ``async def``
+    ``fn`` or async iterable runs :func:`map_concurrent` under ``asyncio.run`` (on a helper thread if this thread
+    already runs a loop). Called from inside an item of the same model it runs nested: free slots only, else
+    inline on the parent's slot, so it never deadlocks.
+    """
+    check_args(capacity, timeout)
+    if is_async_callable(fn) or isinstance(items, AsyncIterable):
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "capacity": capacity,
+            "return_exceptions": return_exceptions,
+            "timeout": timeout,
+        }
+        return _run_coroutine(lambda: map_concurrent(items, fn, **kwargs))  # type: ignore[no-any-return]
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    run = _SyncRun(fn, model=model, capacity=capacity, return_exceptions=return_exceptions, timeout=timeout)
+    return run.execute(items)
