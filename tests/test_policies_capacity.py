@@ -115,4 +115,4 @@ def test_capacity_rejects_bad_parameters() -> None:
         {"tokens_per_request": 0},
     ):
         with pytest.raises(ValueError):
-            Capacity(**bad)  # type: ignore[arg-type]
+            Capacity(**bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -11,14 +12,14 @@ from model_concurrency.policies import Gradient, Setpoint
 
 
 # -- gradient ------------------------------------------------------------------------------------------------------
-def calls(latency: float | None, *, inflight: int = 100, throttled: int = 0, **gauges: float) -> Observation:
+def calls(latency: float | None, *, inflight: int = 100, throttled: int = 0, **gauges: Any) -> Observation:
     """An ok poll of an endpoint without /metrics: zero gauges unless given; only the client's own figures."""
     return Observation(
         inflight=inflight,
         client_calls=10,
         client_throttled=throttled,
         client_latency_mean_s=latency,
-        **gauges,  # type: ignore[arg-type]
+        **gauges,
     )
 
 
@@ -70,7 +71,7 @@ def test_gradient_holds_without_latency_and_ignores_engine_gauges() -> None:
     assert policy.next_target(100, calls(None)) == 100.0
     assert policy.long_latency is None
     loaded = Gradient()
-    gauges = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
+    gauges: dict[str, Any] = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
     assert loaded.next_target(100, calls(1.0, **gauges)) == Gradient().next_target(100, calls(1.0)) == 112.5
 
 
@@ -85,12 +86,12 @@ def test_gradient_decays_a_dragged_up_baseline() -> None:
 def test_gradient_rejects_bad_parameters() -> None:
     for bad in ({"tolerance": 0.9}, {"min_gradient": 0}, {"smoothing": 0}, {"queue_fraction": 1}, {"long_window": 0}):
         with pytest.raises(ValueError):
-            Gradient(**bad)  # type: ignore[arg-type]
+            Gradient(**bad)
 
 
 # -- setpoint ------------------------------------------------------------------------------------------------------
-def kv(usage: float | None, *, time: float, inflight: int = 1000, **more: float) -> Observation:
-    return Observation(running=10, kv_cache_usage=usage, inflight=inflight, time=time, **more)  # type: ignore[arg-type]
+def kv(usage: float | None, *, time: float, inflight: int = 1000, **more: Any) -> Observation:
+    return Observation(running=10, kv_cache_usage=usage, inflight=inflight, time=time, **more)
 
 
 def test_setpoint_pi_steps_exactly() -> None:
@@ -146,4 +147,4 @@ def test_setpoint_on_queue_time_and_missing_signal() -> None:
 def test_setpoint_rejects_bad_parameters() -> None:
     for bad in ({"setpoint": 0}, {"setpoint": 1.5}, {"signal": "gpu"}, {"kp": -1}, {"integral_limit": 0.5}):
         with pytest.raises(ValueError):
-            Setpoint(**bad)  # type: ignore[arg-type]
+            Setpoint(**bad)

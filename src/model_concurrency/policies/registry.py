@@ -14,9 +14,10 @@ resolves it, first match wins:
 5. an entry point named NAME in the group ``model_concurrency.policies`` (third-party packages).
 
 A preset is a TOML file: ``name``, ``policy`` (any reference above except another ``.toml`` path; a preset name
-is allowed, to a depth of 8), optional ``description``, and every other top-level key is a constructor
-parameter. Keyword parameters given to :func:`load_policy` override the preset's. Every failure (unknown name,
-missing file, import error, bad parameters, an object without ``next_target``) is a ``ValueError`` saying which.
+is allowed, looked up in the preset's own folder first, to a depth of 8), optional ``description``, and every
+other top-level key is a constructor parameter. Keyword parameters given to :func:`load_policy` override the
+preset's. Every failure (unknown name, missing file, import error, bad parameters, an object without
+``next_target``) is a ``ValueError`` saying which.
 Each call builds a new instance: policies may keep state, one instance per controller.
 """
 
@@ -94,8 +95,11 @@ def preset_dirs() -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-def _preset_files() -> Iterator[Path]:
-    for folder in preset_dirs():
+def _preset_files(first: Path | None = None) -> Iterator[Path]:
+    folders = preset_dirs()
+    if first is not None and first.is_dir():
+        folders.insert(0, first)
+    for folder in folders:
         yield from sorted(folder.glob("*.toml"))
 
 
@@ -119,9 +123,12 @@ def load_preset(path: str | os.PathLike[str]) -> PolicyPreset:
     return PolicyPreset(name=name, policy=policy, path=file.resolve(), params=params, description=description)
 
 
-def find_preset(name: str) -> Path | None:
-    """The preset file for ``name`` on the search path: ``NAME.toml`` first, else a file with ``name = NAME``."""
-    files = list(_preset_files())
+def find_preset(name: str, *, first: Path | None = None) -> Path | None:
+    """The preset file for ``name`` on the search path: ``NAME.toml`` first, else a file with ``name = NAME``.
+
+    ``first`` is searched before the path (a preset naming another preset finds its siblings first).
+    """
+    files = list(_preset_files(first))
     for file in files:
         if file.stem == name:
             return file
@@ -241,7 +248,7 @@ def _resolve(ref: str, params: dict[str, Any], *, base_dir: Path | None, depth: 
         return _build(ref, _import(ref, base_dir), params)
     if ref in BUILTIN_POLICIES:
         return _build(ref, BUILTIN_POLICIES[ref], params)
-    preset_file = find_preset(ref)
+    preset_file = find_preset(ref, first=base_dir)
     if preset_file is not None:
         return _from_preset(load_preset(preset_file), params, depth)
     factory = _entry_point(ref)
