@@ -6,6 +6,7 @@ Importing this package needs only httpx and prometheus_client; the simulator, CL
 
 from model_concurrency.config import ModelSpec, load_config, register_model, setting
 from model_concurrency.controller import ControllerCore, LiveController, reset_controllers
+from model_concurrency.gate import GateStats, gate_stats, imap_concurrent, map_concurrent, map_concurrent_sync
 from model_concurrency.hooks import (
     adaptive_capacity,
     aresolve_capacity,
@@ -22,15 +23,20 @@ __all__ = [
     "CallStats",
     "ControllerCore",
     "EngineSnapshot",
+    "GateStats",
     "LiveController",
     "ModelSpec",
     "Observation",
     "Policy",
     "adaptive_capacity",
     "aresolve_capacity",
+    "gate_stats",
     "get_all_utilization",
     "get_utilization",
+    "imap_concurrent",
     "load_config",
+    "map_concurrent",
+    "map_concurrent_sync",
     "metrics_url_from_base",
     "register_model",
     "reset_controllers",
