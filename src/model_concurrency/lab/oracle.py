@@ -1,0 +1,192 @@
+"""The oracle: a client that knows the fleet's capacity at every moment and holds the knee.
+
+For each capacity phase of a scenario (the fleet between two capacity events, with that phase's background
+traffic) the lab sweeps a fixed concurrency and measures the fan-out's throughput once it has settled. The knee
+is the smallest concurrency that reaches 99 % of the peak: past it, more concurrency buys only queueing,
+preemptions and KV pressure. The oracle's run then holds the knee of each phase from the instant the phase
+starts, split evenly across the scenario's clients.
+
+Sweeps are deterministic (fixed seeds, common random numbers across concurrency levels), so their results are
+cached on disk, keyed by everything that can change them; a scaled-down scenario reuses its full-size sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
+from model_concurrency.lab.trace import Trace
+from model_concurrency.lab.world import Phase, phases, preset_for
+
+__all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir"]
+
+KNEE_FRACTION = 0.99
+WARMUP_S = 60.0
+MEASURE_S = 180.0
+_VERSION = 1  # bump when the engine model or the sweep changes meaning
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MODEL_CONCURRENCY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "model_concurrency"
+    )
+    return Path(root) / "oracle"
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    concurrency: tuple[int, ...]
+    throughput: tuple[float, ...]
+
+    @property
+    def peak(self) -> float:
+        return max(self.throughput) if self.throughput else 0.0
+
+    @property
+    def knee(self) -> int:
+        goal = KNEE_FRACTION * self.peak
+        return min(c for c, t in zip(self.concurrency, self.throughput, strict=True) if t >= goal)
+
+    def throughput_at(self, concurrency: int) -> float:
+        return dict(zip(self.concurrency, self.throughput, strict=True))[concurrency]
+
+
+def _phase_scenario(scenario: Scenario, phase: Phase, background_rps: float) -> Scenario:
+    if len(set(phase.engines)) > 1:
+        raise ValueError(f"the oracle needs identical live replicas, got engines per replica {phase.engines}")
+    fleet = Fleet(
+        preset=scenario.fleet.preset,
+        engines=phase.engines[0] if phase.engines else 1,
+        replicas=max(1, len(phase.engines)),
+        balancer=scenario.fleet.balancer,
+        engine=scenario.fleet.engine,
+    )
+    return dataclasses.replace(
+        scenario,
+        duration_s=WARMUP_S + MEASURE_S,
+        trace_dt_s=WARMUP_S / 4,
+        events=(),
+        fleet=fleet,
+        clients=Clients(count=1, floor=1, ceiling=10**6),
+        background=Background(
+            rate_rps=background_rps,
+            burstiness=scenario.background.burstiness,
+            prompt_tokens=scenario.background.prompt_tokens,
+            output_tokens=scenario.background.output_tokens,
+        ),
+    )
+
+
+def _measure(scenario: Scenario, concurrency: int) -> float:
+    from model_concurrency.lab.run import simulate
+
+    trace = simulate(scenario, schedules=[[(0.0, concurrency)]])
+    done = trace.clients[0].completions
+    start = round(WARMUP_S / scenario.trace_dt_s)
+    return float((done[-1] - done[start]) / (trace.time[-1] - trace.time[start]))
+
+
+def _key(scenario: Scenario, background_rps: float, cap: int) -> str:
+    description = {
+        "version": _VERSION,
+        "preset": dataclasses.asdict(preset_for(scenario)),
+        "engines": scenario.fleet.engines,
+        "replicas": scenario.fleet.replicas,
+        "balancer": scenario.fleet.balancer,
+        "workload": dataclasses.asdict(scenario.workload),
+        "background_rps": round(background_rps, 9),
+        "burstiness": scenario.background.burstiness,
+        "seed": scenario.seed,
+        "cap": cap,
+        "warmup": WARMUP_S,
+        "measure": MEASURE_S,
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+_memory: dict[str, Sweep] = {}
+
+
+def _sweep_cached(key: str, scenario: Scenario, cap: int) -> Sweep:
+    if key in _memory:
+        return _memory[key]
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        _memory[key] = Sweep(tuple(data["concurrency"]), tuple(data["throughput"]))
+        return _memory[key]
+    except (OSError, ValueError, KeyError):
+        pass
+    measured: dict[int, float] = {}
+
+    def at(c: int) -> float:
+        if c not in measured:
+            measured[c] = _measure(scenario, c)
+        return measured[c]
+
+    grid = sorted({min(cap, 2**i) for i in range(0, cap.bit_length() + 1)} | {cap})
+    for c in grid:
+        at(c)
+    # Bisect between the last grid point below 99 % of the peak and the first at or above it.
+    while True:
+        peak = max(measured.values())
+        above = min(c for c, t in measured.items() if t >= KNEE_FRACTION * peak)
+        below = max((c for c in measured if c < above), default=None)
+        if below is None or above - below <= max(1, above // 64):
+            break
+        at((above + below) // 2)
+    ordered = sorted(measured)
+    sweep = _memory[key] = Sweep(tuple(ordered), tuple(measured[c] for c in ordered))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"concurrency": sweep.concurrency, "throughput": sweep.throughput}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs time
+    return sweep
+
+
+class Oracle:
+    """Knees per phase of one scenario, the background rates they imply, and the oracle's own run."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.cap = scenario.clients.ceiling * scenario.clients.count
+
+    def sweep(self, phase: Phase, background_rps: float | None = None) -> Sweep:
+        rps = self.resolved_background(phase) if background_rps is None else background_rps
+        sc = _phase_scenario(self.scenario, phase, rps)
+        return _sweep_cached(_key(sc, rps, self.cap), sc, self.cap)
+
+    def resolved_background(self, phase: Phase) -> float:
+        if phase.background_fraction is None:
+            return phase.background_rps
+        return self.background_rps(phase, phase.background_fraction)
+
+    def background_rps(self, phase: Phase, fraction: float) -> float:
+        """Background rate for "``fraction`` of capacity": a share of the phase's peak throughput alone."""
+        return fraction * self.sweep(phase.without_background, 0.0).peak
+
+    def knees(self) -> list[tuple[float, int]]:
+        return [(t, self.sweep(phase).knee) for t, phase in phases(self.scenario)]
+
+    def schedules(self) -> list[list[tuple[float, int]]]:
+        n = self.scenario.clients.count
+        per_client: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        for t, knee in self.knees():
+            base, extra = divmod(knee, n)
+            for i in range(n):
+                per_client[i].append((t, max(1, base + (1 if i < extra else 0))))
+        return per_client
+
+    def run(self, **kwargs: Any) -> Trace:
+        from model_concurrency.lab.run import simulate
+
+        return simulate(self.scenario, schedules=self.schedules(), resolve_fraction=self.background_rps, **kwargs)

@@ -1,0 +1,148 @@
+"""Run a scenario: the world, the fan-out clients, a sampler; then the trace, the oracle and the summary.
+
+``simulate`` is the single entry point the CLI, the compare study, the notebooks and the tests use. Clients get
+their policy from a factory so every client owns a fresh, independent policy object, as separate processes
+would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
+from model_concurrency.lab.scenario import Scenario
+from model_concurrency.lab.summary import summarize
+from model_concurrency.lab.trace import ClientTrace, Trace
+from model_concurrency.lab.world import Phase, World
+from model_concurrency.policies.base import Policy
+
+__all__ = ["RunResult", "run_scenario", "simulate"]
+
+Progress = Callable[[float], None]
+
+
+@dataclass(slots=True)
+class RunResult:
+    scenario: Scenario
+    policy: str
+    trace: Trace
+    oracle: Trace | None
+    summary: dict[str, Any]
+
+
+def _no_background(phase: Phase, fraction: float) -> float:
+    raise ValueError("this scenario sizes background traffic from capacity: pass resolve_fraction (the oracle)")
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    policy_factory: Callable[[], Policy] | None = None,
+    schedules: list[list[tuple[float, int]]] | None = None,
+    resolve_fraction: Callable[[Phase, float], float] = _no_background,
+    progress: Progress | None = None,
+) -> Trace:
+    """Simulate one scenario with either a policy per client or a fixed limit schedule per client (the oracle)."""
+    if (policy_factory is None) == (schedules is None):
+        raise ValueError("simulate needs a policy_factory or schedules, not both")
+    env = simpy.Environment()
+    rng = np.random.default_rng(scenario.seed)
+    world = World(env, scenario, resolve_fraction=resolve_fraction, rng=np.random.default_rng(scenario.seed + 1))
+    c, w = scenario.clients, scenario.workload
+    clients = []
+    for i in range(c.count):
+        stream = request_stream(
+            np.random.default_rng([scenario.seed, i]),
+            w.prompt_tokens,
+            w.output_tokens,
+            w.prompt_sigma,
+            w.output_sigma,
+            w.embedding,
+            tag=i,
+        )
+        clients.append(
+            SimClient(
+                env,
+                world.fleet,
+                stream,
+                policy=policy_factory() if policy_factory is not None else None,
+                schedule=ScheduledLimit(schedules[i]) if schedules is not None else None,
+                floor=c.floor,
+                ceiling=c.ceiling,
+                poll_s=c.poll_s,
+                grace_polls=c.grace_polls,
+                # Independent processes do not poll in lock-step.
+                first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
+                items=c.items,
+                metrics_up=lambda: world.metrics_up,
+                name=f"client-{i}",
+            )
+        )
+    samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions")}
+    per_client: list[dict[str, list[float]]] = [
+        {"target": [], "inflight": [], "completions": [], "errors": []} for _ in clients
+    ]
+
+    def sampler() -> Generator[Any, Any, None]:
+        dt = scenario.trace_dt_s
+        while True:
+            live = world.fleet.live
+            samples["time"].append(env.now)
+            samples["running"].append(sum(s.num_running for s in live))
+            samples["waiting"].append(sum(e.gauge_waiting for s in live for e in s.engines if e.up))
+            samples["kv"].append(max((e.kv_usage for s in live for e in s.engines if e.up), default=0.0))
+            samples["preemptions"].append(sum(e.stats.num_preemptions for s in world.fleet.replicas for e in s.engines))
+            for record, client in zip(per_client, clients, strict=True):
+                record["target"].append(client.limit)
+                record["inflight"].append(client.inflight)
+                record["completions"].append(client.completed)
+                record["errors"].append(client.errors)
+            if progress is not None:
+                progress(env.now)
+            yield env.timeout(dt)
+
+    env.process(sampler())
+    env.run(until=scenario.duration_s)
+    arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
+    return Trace(
+        time=arr["time"],
+        running=arr["running"],
+        waiting_capacity=arr["waiting"],
+        kv_usage=arr["kv"],
+        preemptions=arr["preemptions"],
+        clients=[
+            ClientTrace(
+                **{k: np.asarray(v, dtype=float) for k, v in record.items()},
+                poll_times=np.asarray(client.poll_times, dtype=float),
+                poll_targets=np.asarray(client.poll_targets, dtype=float),
+            )
+            for record, client in zip(per_client, clients, strict=True)
+        ],
+        queue_times=np.asarray([q for cl in clients for q in cl.queue_times], dtype=float),
+        latencies=np.asarray([x for cl in clients for x in cl.latencies], dtype=float),
+        finish_times=np.asarray([x for cl in clients for x in cl.finish_times], dtype=float),
+        duration_s=scenario.duration_s,
+        capacity_changes=scenario.capacity_change_times,
+    )
+
+
+def run_scenario(
+    scenario: Scenario,
+    policy_factory: Callable[[], Policy],
+    *,
+    policy_name: str = "policy",
+    with_oracle: bool = True,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Simulate the policy and (unless told not to) the oracle on the same scenario; summarise both."""
+    from model_concurrency.lab.oracle import Oracle
+
+    oracle = Oracle(scenario)
+    trace = simulate(scenario, policy_factory=policy_factory, resolve_fraction=oracle.background_rps, progress=progress)
+    oracle_trace = oracle.run() if with_oracle else None
+    return RunResult(scenario, policy_name, trace, oracle_trace, summarize(trace, oracle_trace))
