@@ -33,7 +33,7 @@ from model_concurrency import config, telemetry
 from model_concurrency.config import ModelSpec, setting
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation, observe
 from model_concurrency.policies.base import Policy
-from model_concurrency.policies.registry import make_policy
+from model_concurrency.policies.registry import load_policy, make_policy
 from model_concurrency.signals.prometheus_api import PrometheusSource
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.signals.source import SignalSource, VllmMetricsSource
@@ -340,7 +340,7 @@ def _policy_for(spec: ModelSpec) -> Policy:
     if not isinstance(chosen, str):
         return chosen
     try:
-        return make_policy(chosen)
+        return load_policy(chosen)
     except ValueError as exc:
         log.error("model %s: %s; using the default AIMD", spec.name, exc)
         return make_policy("aimd")
