@@ -280,3 +280,24 @@ def test_flag_off_is_static_for_any_input(
     assert controller_for("m") is None
     spec = get_model("m")
     assert spec is not None
+
+
+class ClientOnly:
+    """A policy that declares it reads no engine gauges (like ``gradient``)."""
+
+    uses_engine_signals = False
+
+    def next_target(self, target: float, obs: object) -> float:
+        return target + 1
+
+
+def test_client_only_policy_polls_without_scraping(clock: FakeClock) -> None:
+    with metrics_server(Behaviour(body=b"", status=500)) as server:
+        spec = register_model("hosted", base_url=f"{server.url}/v1", max_parallel_calls=2, policy=ClientOnly())
+        controller = controller_for("hosted")
+        assert controller is not None
+        assert controller.target() == 3  # a poll happened and succeeded, from client-side figures only
+        assert server.requests == []  # and nothing was scraped
+        assert controller.core.last_ok is True
+        assert "no /metrics" in get_utilization_for(controller)["metrics_url"]  # type: ignore[operator]
+        assert spec.name == "hosted"

@@ -36,7 +36,7 @@ from model_concurrency.policies.base import Policy
 from model_concurrency.policies.registry import load_policy, make_policy
 from model_concurrency.signals.prometheus_api import PrometheusSource
 from model_concurrency.signals.scrape import ScrapeLimits
-from model_concurrency.signals.source import SignalSource, VllmMetricsSource
+from model_concurrency.signals.source import ClientOnlySource, SignalSource, VllmMetricsSource
 
 __all__ = [
     "CallRecorder",
@@ -212,8 +212,9 @@ class LiveController:
     ) -> None:
         self.spec = spec
         self.clock = clock
-        self.source = source if source is not None else _default_source(spec)
-        self.core = ControllerCore(policy=policy if policy is not None else _policy_for(spec))
+        chosen = policy if policy is not None else _policy_for(spec)
+        self.source = source if source is not None else _default_source(spec, chosen)
+        self.core = ControllerCore(policy=chosen)
         self.inflight: Callable[[], int] = lambda: 0
         self.calls = CallRecorder()
         self._floor_override = floor
@@ -319,7 +320,9 @@ class LiveController:
         return f"LiveController(model={self.spec.name!r}, target={self.core.target}, source={self.source!r})"
 
 
-def _default_source(spec: ModelSpec) -> SignalSource | None:
+def _default_source(spec: ModelSpec, policy: Policy) -> SignalSource | None:
+    if getattr(policy, "uses_engine_signals", True) is False:
+        return ClientOnlySource() if spec.base_url else None
     limits = ScrapeLimits(timeout_s=setting(*config.TIMEOUT_S), deadline_s=2 * setting(*config.TIMEOUT_S))
     if spec.prometheus_url:
         return PrometheusSource(spec.prometheus_url, spec.served_name, limits=limits)

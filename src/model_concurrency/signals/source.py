@@ -14,7 +14,7 @@ from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, fetch_text, origin_of
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
-__all__ = ["SignalSource", "VllmMetricsSource"]
+__all__ = ["ClientOnlySource", "SignalSource", "VllmMetricsSource"]
 
 
 @runtime_checkable
@@ -70,3 +70,23 @@ class VllmMetricsSource:
             self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
         )
         return parse_vllm_metrics(text, self.served_model_name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOnlySource:
+    """No engine signals at all: for endpoints without ``/metrics`` (hosted APIs).
+
+    Every poll "succeeds" with an empty snapshot, so the controller still calls its policy once per poll with the
+    client's own latencies, errors and 429/503 counts. Only policies that declare
+    ``uses_engine_signals = False`` (``gradient``) are given this source.
+    """
+
+    @property
+    def description(self) -> str:
+        return "client-side signals only (no /metrics)"
+
+    def read(self) -> EngineSnapshot:
+        return EngineSnapshot()
+
+    async def aread(self) -> EngineSnapshot:
+        return EngineSnapshot()
