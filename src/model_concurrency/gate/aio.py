@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from time import perf_counter
 from typing import Any
@@ -144,8 +145,11 @@ class _Run:
         self.timeout = timeout
         self.streaming = streaming
         self.results: list[Any] = []
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.room: asyncio.Semaphore | None = None
+        # Streaming: finished (index, result) pairs wait here; workers wait for room when it holds ``bound``.
+        self.buffer: deque[Any] = deque()
+        self.bound = 64
+        self.consumer_wake: asyncio.Future[None] | None = None
+        self.room_wake: asyncio.Future[None] | None = None
         self.next_index = 0
         self.stopped = self.exhausted = False
         self.first_error: tuple[int, BaseException] | None = None
@@ -175,7 +179,40 @@ class _Run:
             self.finished.set_result(None)
         if self.streaming and not self.end_sent:
             self.end_sent = True
-            self.queue.put_nowait(_END)
+            self._push(_END)
+
+    def _push(self, item: Any) -> None:
+        self.buffer.append(item)
+        consumer = self.consumer_wake
+        if consumer is not None:
+            self.consumer_wake = None
+            if not consumer.done():
+                consumer.set_result(None)
+
+    async def _put(self, item: Any) -> None:
+        while len(self.buffer) >= self.bound:
+            if self.room_wake is None:
+                self.room_wake = asyncio.get_running_loop().create_future()
+            await self.room_wake
+        self._push(item)
+
+    async def stream(self) -> AsyncIterator[tuple[int, Any]]:
+        """The consumer side: pairs in completion order until the end marker."""
+        buffer = self.buffer
+        while True:
+            if not buffer:
+                self.consumer_wake = asyncio.get_running_loop().create_future()
+                await self.consumer_wake
+                continue
+            item = buffer.popleft()
+            room = self.room_wake
+            if room is not None and len(buffer) < self.bound:
+                self.room_wake = None
+                if not room.done():
+                    room.set_result(None)
+            if item is _END:
+                return
+            yield item
 
     async def _refresh(self) -> None:
         limit = await self.target.arefresh()
@@ -280,9 +317,7 @@ class _Run:
         if not self.streaming:
             self.results[index] = outcome
             return
-        assert self.room is not None
-        await self.room.acquire()
-        self.queue.put_nowait((index, outcome))
+        await self._put((index, outcome))
 
     async def _in_thread(self, value: Any, limiter: ModelLimiter | None) -> tuple[Any, BaseException | None]:
         assert self.pool is not None
@@ -320,8 +355,7 @@ class _Run:
         self.holding = outer if limiter in outer else (*outer, limiter)
         if not self.is_async:
             self.pool = pool_for(target.key)
-        if self.streaming:
-            self.room = asyncio.Semaphore(max(2 * limit, 64))
+        self.bound = max(2 * limit, 64)
         self.finished = asyncio.get_running_loop().create_future()
         if self.nested:
             self._spawn(1, BORROWED)
@@ -416,12 +450,7 @@ async def imap_concurrent(
     )
     driver = asyncio.ensure_future(run.execute())
     try:
-        while True:
-            item = await run.queue.get()
-            if item is _END:
-                break
-            assert run.room is not None
-            run.room.release()
+        async for item in run.stream():
             yield item
         await driver
     finally:
