@@ -11,7 +11,7 @@ from typing import Any
 
 from model_concurrency.lab.trace import Trace
 
-__all__ = ["plot_run"]
+__all__ = ["draw_run", "plot_run"]
 
 
 def _mark_changes(ax: Any, trace: Trace) -> None:
@@ -19,8 +19,11 @@ def _mark_changes(ax: Any, trace: Trace) -> None:
         ax.axvline(t, color="0.4", linestyle="--", linewidth=1, label="capacity change" if i == 0 else None)
 
 
-def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = "") -> None:
-    """Draw one run on two stacked axes: concurrency (top) and throughput with KV usage (bottom)."""
+def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = "", *, legend: bool = True) -> None:
+    """Draw one run on two stacked axes: concurrency (top) and throughput with KV usage (bottom).
+
+    ``legend=False`` leaves the legends out, for grids where one cell's legend explains them all.
+    """
     import numpy as np
 
     top, bottom = axes
@@ -47,7 +50,8 @@ def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = 
     _mark_changes(top, trace)
     top.set_ylabel("requests")
     top.set_title(title)
-    top.legend(loc="upper left", fontsize=7, ncol=3)
+    if legend:
+        top.legend(loc="upper left", fontsize=7, ncol=3)
     bottom.plot(t, trace.throughput(30.0), label="goodput (30 s)", color="tab:green")
     if oracle is not None:
         bottom.plot(oracle.time, oracle.throughput(30.0), label="oracle goodput", color="k", linestyle=":")
@@ -58,7 +62,8 @@ def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = 
     kv.plot(t, trace.kv_usage, color="tab:purple", linewidth=0.6, alpha=0.6, label="KV usage")
     kv.set_ylim(0, 1.05)
     kv.set_ylabel("KV usage")
-    bottom.legend(loc="upper left", fontsize=7)
+    if legend:
+        bottom.legend(loc="upper left", fontsize=7)
 
 
 def plot_run(trace: Trace, path: str | Path, *, oracle: Trace | None = None, title: str = "") -> Path:

@@ -1,0 +1,77 @@
+"""``model-concurrency compare``: every scenario × policy pair in parallel; a Markdown and CSV table, a plot grid."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+DEFAULT_POLICIES = "aimd,seed-aimd,aimd-slowstart,capacity"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compare", help="run scenarios × policies side by side, with the oracle", description=__doc__
+    )
+    p.add_argument("scenarios", type=Path, nargs="+", help="scenario TOML files, e.g. sims/*.toml")
+    p.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated policy names, presets, .toml paths or module:Class (default {DEFAULT_POLICIES})",
+    )
+    p.add_argument("--scale", type=float, default=1.0, help="shorten every run: multiply durations by this (0-1]")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: the number of CPUs)")
+    p.add_argument("--out", type=Path, default=Path("out/compare"), help="folder for the table and plots")
+    p.add_argument("--no-plot", action="store_true", help="skip the grid of plots")
+    p.add_argument("--dpi", type=int, default=80, help="resolution of the plot grid (default 80)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
+    p.set_defaults(func=run)
+
+
+def _bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="compare", unit="run", file=sys.stderr, disable=not sys.stderr.isatty())
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_concurrency.cli._output import print_table
+    from model_concurrency.lab.compare import COLUMNS, run_study, write_csv, write_grid, write_markdown
+    from model_concurrency.lab.scenario import load_scenario
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ValueError("--policies names no policy")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError("--jobs must be >= 1")
+    scenarios = [load_scenario(path).scaled(args.scale) for path in args.scenarios]
+    bar = _bar(len(scenarios) * (len(policies) + 1), not args.quiet)
+
+    def progress(label: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+    try:
+        study = run_study(scenarios, policies, jobs=args.jobs or os.cpu_count(), progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    out: Path = args.out
+    written = [write_markdown(study.rows, out / "compare.md"), write_csv(study.rows, out / "compare.csv")]
+    if not args.no_plot:
+        written.append(write_grid(study, out / "compare.png", dpi=args.dpi))
+    if not args.quiet:
+        shown = [c for c in COLUMNS if c not in ("oracle_goodput", "oracle_queue_time_p99_s", "latency_p99_s")]
+        print_table(study.rows, shown, title="policy comparison")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
