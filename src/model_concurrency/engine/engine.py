@@ -31,6 +31,7 @@ a long prompt is mid-prefill ahead of decodes and the budget binds), and decodes
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -48,6 +49,10 @@ _WAITING = RequestState.WAITING
 _PREFILL = RequestState.PREFILL
 _DECODE = RequestState.DECODE
 _FINISHED = RequestState.FINISHED
+
+
+def _admission_order(request: Request) -> int:
+    return request.seq  # type: ignore[no-any-return]
 
 
 class EngineDownError(ConnectionError):
@@ -87,7 +92,7 @@ class Engine:
         self._d = step.d_ms_per_token_sq * scale
 
     def _reset(self) -> None:
-        self.stats = EngineStats()
+        self._stats = EngineStats()
         self.waiting: deque[Request] = deque()
         # Insertion-ordered dicts are the running list: O(1) removal of a finished request, popitem() is "last".
         self.running: dict[Request, None] = {}
@@ -96,7 +101,9 @@ class Engine:
         self.tick = 0
         self._n_decode = 0
         self._decode_offset_sum = 0  # Σ (computed − tick) over decoding requests
-        self._phase_counts = [0] * self.block_size  # decoding requests by (computed − tick) mod block_size
+        # Decoding requests by (computed − tick) mod block_size: the members of phase −tick need a block this step.
+        self._phases: list[dict[Request, None]] = [{} for _ in range(self.block_size)]
+        self._admissions = 0  # admission sequence number: the running list's order
         self._finish_at: dict[int, list[Request]] = {}
         self._sched_prefills: list[Request] = []
         self._sched_decodes = 0
@@ -116,26 +123,29 @@ class Engine:
     # ------------------------------------------------------------------ public API
     def submit(self, request: Request) -> Any:
         """Queue ``request`` now; returns a SimPy event that succeeds with the request when it finishes."""
+        self.check_fits(request)
         request.done = self.env.event()
         self.enqueue(request)
         return request.done
 
     def submit_callback(self, request: Request, on_finish: Callable[[Request], None]) -> None:
         """Like :meth:`submit` but calls ``on_finish(request)`` at the finish instead of firing an event."""
+        self.check_fits(request)
         request.on_finish = on_finish
         self.enqueue(request)
 
     def enqueue(self, request: Request) -> None:
-        """Put a request (whose completion signal is already set up) into the waiting queue."""
+        """Put a request (completion signal set up, size checked by :meth:`check_fits`) into the waiting queue."""
         now = self.env.now
         if request.arrival_time is None:
             request.arrival_time = now
         request.queued_time = now
+        if request.state != RequestState.NEW and request.state != RequestState.FRONTEND:
+            raise ValueError(f"{request!r} was already submitted; a Request is single-use")
         request.engine = self
         if not self.up:
             self._finish(request, ABORT)
             return
-        self.check_fits(request)
         request.state = _WAITING
         self.waiting.append(request)
         wake = self._wake
@@ -144,8 +154,7 @@ class Engine:
 
     def check_fits(self, request: Request) -> None:
         """Refuse what this engine could never run, as vLLM rejects prompts beyond its limits."""
-        total = request.prompt_tokens + request.output_tokens
-        if -(-total // self.block_size) > self.num_gpu_blocks - 1:
+        if request.prompt_tokens + request.output_tokens > (self.num_gpu_blocks - 1) * self.block_size:
             raise ValueError(f"{request!r} needs more KV blocks than the engine has ({self.num_gpu_blocks})")
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
             raise ValueError(f"{request!r}: prompt longer than max_num_batched_tokens without chunked prefill")
@@ -207,9 +216,9 @@ class Engine:
         self._epoch += 1  # the stepping process notices and exits
         victims = [*self.running, *self.waiting]
         wake = self._wake
-        stats = self.stats
+        stats = self._stats
         self._reset()
-        self.stats = stats  # keep the counters so the lab can read what happened; /metrics is unreachable anyway
+        self._stats = stats  # keep the counters so the lab can read what happened; /metrics is unreachable anyway
         for request in victims:
             self._finish(request, ABORT)
         if wake is not None and not wake.triggered:
@@ -230,6 +239,12 @@ class Engine:
             advanced = self.tick - request.tick_base
             return request.computed + advanced, request.generated + advanced
         return request.computed, request.generated
+
+    @property
+    def stats(self) -> EngineStats:
+        """Counters and histograms up to now (folding the per-request observations deferred by the hot path)."""
+        self._stats.fold()
+        return self._stats
 
     @property
     def num_running(self) -> int:
@@ -254,7 +269,7 @@ class Engine:
         """This engine's signals, exactly as ``parse_vllm_metrics`` reads them from :func:`render_metrics`."""
         if not self.up:
             raise EngineDownError(f"engine {self.label} of {self.model_name} is down")
-        stats = self.stats
+        stats = self.stats  # folds deferred observations
         return EngineSnapshot(
             running=float(self.gauge_running),
             waiting=float(self.gauge_waiting),
@@ -275,8 +290,10 @@ class Engine:
 
     def _loop(self, epoch: int) -> Generator[Any, Any, None]:
         env = self.env
+        schedule = self._schedule
+        complete = self._complete
         while True:
-            dt = self._schedule()
+            dt = schedule()
             if dt is None:
                 self._wake = env.event()
                 yield self._wake
@@ -289,22 +306,19 @@ class Engine:
             self._stepping = False
             if epoch != self._epoch:
                 return
-            self._complete()
-
-    def _record_gauges(self) -> None:
-        self.gauge_running = len(self.running)
-        self.gauge_waiting = len(self.waiting)
-        self.gauge_kv_usage = self.kv_usage
+            complete()
 
     def _schedule(self) -> float | None:
-        """Build the next batch; returns its duration, or None when there is nothing to run."""
+        """Build the next batch; returns its duration, or None when there is nothing to run.
+
+        This and :meth:`_complete` run once per step: locals instead of attribute lookups, and no per-decode work.
+        """
         bs = self.block_size
         tick = self.tick
         n_decode = self._n_decode
         budget = self.max_num_batched_tokens - n_decode
-        need = self._phase_counts[-tick % bs] if n_decode else 0
+        need = len(self._phases[-tick % bs]) if n_decode else 0
         sched = self._sched_prefills
-        sched.clear()
         tokens = n_decode
         quadratic = 0
         # 1. running partial prefills, in running order, under what the decodes left of the budget
@@ -320,88 +334,99 @@ class Engine:
                 quadratic += chunk * end
                 tokens += chunk
                 sched.append(r)
-        # 2. KV blocks for everything scheduled; the slow path preempts
+        # 2. KV blocks for everything scheduled; the slow path walks the running list and preempts
+        free = self.free_blocks
         preempted = False
-        if need <= self.free_blocks:
-            self.free_blocks -= need
+        if need <= free:
+            free -= need
             for r in sched:
                 r.blocks = (r.computed + r.chunk + bs - 1) // bs
         else:
             preempted = self._allocate_or_preempt()
+            free = self.free_blocks
             n_decode = self._n_decode
             sched[:] = [r for r in sched if r.state == _PREFILL]
             tokens = n_decode + sum(r.chunk for r in sched)
             quadratic = sum(r.chunk * (r.computed + r.chunk) for r in sched)
         # 3. admission, FCFS with head-of-line blocking, never in a step that preempted
-        if not preempted and self.waiting:
-            tokens, quadratic = self._admit(sched, budget, tokens, quadratic)
-        self._record_gauges()
+        waiting = self.waiting
+        running = self.running
+        if waiting and not preempted:
+            max_seqs = self.max_num_seqs
+            prefilling = self.prefilling
+            now = self.env.now
+            while waiting and budget > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                chunk = r.prefill_target
+                if chunk > budget:
+                    if not self.chunked_prefill:
+                        break
+                    chunk = budget
+                blocks = (chunk + bs - 1) // bs
+                if blocks > free:
+                    break  # head-of-line blocking: nobody behind may overtake
+                waiting.popleft()
+                free -= blocks
+                budget -= chunk
+                r.blocks = blocks
+                r.chunk = chunk
+                r.state = _PREFILL
+                self._admissions += 1
+                r.seq = self._admissions
+                running[r] = None
+                prefilling[r] = None
+                if r.first_scheduled_time is None:
+                    r.first_scheduled_time = now
+                sched.append(r)
+                tokens += chunk
+                quadratic += chunk * chunk
+        self.free_blocks = free
+        # Gauges as vLLM's scheduler stats: sampled right after scheduling.
+        self.gauge_running = len(running)
+        self.gauge_waiting = len(waiting)
+        usage = 1.0 - free / (self.num_gpu_blocks - 1)
+        self.gauge_kv_usage = usage if 0.0 <= usage <= 1.0 else min(max(usage, 0.0), 1.0)
         if tokens == 0:
             if preempted:
                 return self._schedule()  # everything was preempted: admit afresh from the head
-            if self.waiting and not self.running:
+            if waiting and not running:
                 # The head can never fit even an empty engine (capacity shrank under it): vLLM would have
                 # rejected it, so abort it rather than spin.
-                self._finish(self.waiting.popleft(), ABORT)
+                self._finish(waiting.popleft(), ABORT)
                 return self._schedule()
             return None
         self._sched_decodes = n_decode
-        context = self._decode_offset_sum + n_decode * (tick + 1)
-        dt = self._a + self._b * tokens + self._c * context + self._d * quadratic
+        dt = (
+            self._a
+            + self._b * tokens
+            + self._c * (self._decode_offset_sum + n_decode * (tick + 1))
+            + self._d * quadratic
+        )
         self._dt = dt
         self.steps += 1
         self.busy_time += dt
         self.tokens_scheduled += tokens
         return dt
 
-    def _admit(self, sched: list[Request], budget: int, tokens: int, quadratic: int) -> tuple[int, int]:
-        bs = self.block_size
-        waiting = self.waiting
-        running = self.running
-        prefilling = self.prefilling
-        free = self.free_blocks
-        max_seqs = self.max_num_seqs
-        chunked = self.chunked_prefill
-        now = self.env.now
-        while waiting and budget > 0 and len(running) < max_seqs:
-            r = waiting[0]
-            chunk = r.prefill_target
-            if chunk > budget:
-                if not chunked:
-                    break
-                chunk = budget
-            blocks = (chunk + bs - 1) // bs
-            if blocks > free:
-                break  # head-of-line blocking: nobody behind may overtake
-            waiting.popleft()
-            free -= blocks
-            budget -= chunk
-            r.blocks = blocks
-            r.chunk = chunk
-            r.state = _PREFILL
-            running[r] = None
-            prefilling[r] = None
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
-            sched.append(r)
-            tokens += chunk
-            quadratic += chunk * chunk
-        self.free_blocks = free
-        return tokens, quadratic
-
     def _allocate_or_preempt(self) -> bool:
-        """vLLM's walk: each running request in order takes its blocks, preempting from the tail when short."""
+        """vLLM's walk: each running request in order takes its blocks, preempting from the tail when short.
+
+        Only requests that need a block this step can trigger a preemption (the rest take nothing), so the walk
+        visits just those — the decodes in this tick's phase and the scheduled prefills — in running-list order
+        (admission sequence), which is the same outcome as walking the whole list.
+        """
         bs = self.block_size
-        tick = self.tick
         running = self.running
         free = self.free_blocks
         preempted = False
-        for r in list(running):
+        candidates = [*self._phases[-self.tick % bs], *(r for r in self._sched_prefills if r.chunk)]
+        candidates.sort(key=_admission_order)
+        for r in candidates:
             state = r.state
             if state == _DECODE:
-                need = 1 if (r.computed + tick - r.tick_base) % bs == 0 else 0
+                need = 1
             elif state == _PREFILL:
-                need = (r.computed + r.chunk + bs - 1) // bs - r.blocks if r.chunk else 0
+                need = (r.computed + r.chunk + bs - 1) // bs - r.blocks
             else:
                 break  # preempted already: so is everything after it
             while need > free:
@@ -431,7 +456,7 @@ class Engine:
         r.prefill_target = r.prompt_tokens + r.generated
         r.state = _WAITING
         r.num_preemptions += 1
-        self.stats.num_preemptions += 1
+        self._stats.num_preemptions += 1
         self.waiting.appendleft(r)
         return freed
 
@@ -441,7 +466,7 @@ class Engine:
         r.tick_base = tick
         self._n_decode += 1
         self._decode_offset_sum += offset
-        self._phase_counts[offset % self.block_size] += 1
+        self._phases[offset % self.block_size][r] = None
         finish_tick = tick + r.output_tokens - r.generated
         bucket = self._finish_at.get(finish_tick)
         if bucket is None:
@@ -454,7 +479,7 @@ class Engine:
         offset = r.computed - r.tick_base
         self._n_decode -= 1
         self._decode_offset_sum -= offset
-        self._phase_counts[offset % self.block_size] -= 1
+        del self._phases[offset % self.block_size][r]
         finish_tick = r.tick_base + r.output_tokens - r.generated
         advanced = tick - r.tick_base
         if finish_tick != tick:  # not the bucket being finished right now
@@ -470,66 +495,77 @@ class Engine:
         """End of a step: decodes emit a token each, prefills advance, finished requests leave."""
         now = self.env.now
         tick = self.tick = self.tick + 1
-        stats = self.stats
+        stats = self._stats
+        bs = self.block_size
+        running = self.running
         n = self._sched_decodes
         if n:
             stats.generation_tokens += n
-            stats.itl.observe_n(self._dt, n)
+            itl = stats.itl  # every decode of this step waited exactly one step for its token
+            itl.counts[bisect_left(itl.bounds, self._dt)] += n
+            itl.sum += self._dt * n
+            itl.count += n
         finishing = self._finish_at.pop(tick, None)
         if finishing:
-            running = self.running
+            phases = self._phases
+            freed = 0
             for r in finishing:
-                self.free_blocks += self._leave_decode(r, tick, in_step=False)
+                # _leave_decode, inlined: the request has reached its length exactly at this tick.
+                offset = r.computed - r.tick_base
+                self._n_decode -= 1
+                self._decode_offset_sum -= offset
+                del phases[offset % bs][r]
+                advanced = tick - r.tick_base
+                r.computed += advanced
+                r.generated += advanced
+                r.last_token_time = now
+                freed += (r.computed + bs - 1) // bs
                 del running[r]
                 self._finish(r, r.stop_reason)
-        for r in self._sched_prefills:
-            if r.state != _PREFILL:
-                continue  # aborted during the step
-            r.computed += r.chunk
-            r.chunk = 0
-            if r.computed >= r.prefill_target:
-                self._prefill_done(r, now, tick)
-        self._sched_prefills.clear()
+            self.free_blocks += freed
+        sched = self._sched_prefills
+        if sched:
+            for r in sched:
+                if r.state != _PREFILL:
+                    continue  # preempted or aborted during the step
+                r.computed += r.chunk
+                r.chunk = 0
+                if r.computed >= r.prefill_target:
+                    self._prefill_done(r, now, tick)
+            sched.clear()
 
     def _prefill_done(self, r: Request, now: float, tick: int) -> None:
         del self.prefilling[r]
-        stats = self.stats
+        stats = self._stats
         if r.first_token_time is None:
             r.first_token_time = now
-            stats.ttft.observe(now - r.arrival_time)  # type: ignore[operator]
+            stats.pending_ttft.append(now - r.arrival_time)  # type: ignore[operator]
             stats.prompt_tokens += r.prompt_tokens
         elif not r.embedding:
             stats.itl.observe(now - r.last_token_time)  # type: ignore[operator]  # first token after a recompute
-        if r.embedding:
-            r.last_token_time = now
-            self.free_blocks += r.blocks
-            del self.running[r]
-            self._finish(r, r.stop_reason)
-            return
-        r.generated += 1
         r.last_token_time = now
-        stats.generation_tokens += 1
-        if r.generated >= r.output_tokens:
-            self.free_blocks += r.blocks
-            del self.running[r]
-            self._finish(r, r.stop_reason)
-        else:
-            self._enter_decode(r, tick)
+        if not r.embedding:
+            r.generated += 1
+            stats.generation_tokens += 1
+            if r.generated < r.output_tokens:
+                self._enter_decode(r, tick)
+                return
+        self.free_blocks += r.blocks
+        del self.running[r]
+        self._finish(r, r.stop_reason)
 
     def _finish(self, r: Request, reason: str) -> None:
-        now = self.env.now
         r.state = _FINISHED
-        r.finish_time = now
+        r.finish_time = self.env.now
         r.finished_reason = reason
         r.blocks = 0
-        stats = self.stats
-        stats.finished[reason] = stats.finished.get(reason, 0) + 1
-        if r.first_scheduled_time is not None:
-            stats.queue_time.observe(r.first_scheduled_time - r.queued_time)  # type: ignore[operator]
-        stats.e2e.observe(now - r.arrival_time)  # type: ignore[operator]
-        if r.first_token_time is not None and reason != ABORT:
-            stats.prefill_time.observe(r.first_token_time - r.first_scheduled_time)  # type: ignore[operator]
-            stats.decode_time.observe(now - r.first_token_time)
+        stats = self._stats
+        finished = stats.finished
+        finished[reason] = finished.get(reason, 0) + 1
+        pending = stats.pending_finished
+        pending.append(r)  # histograms are bucketed in batches on read (EngineStats.fold)
+        if len(pending) >= 8192:
+            stats.fold()
         hook = self.on_request_finished
         if hook is not None:
             hook(r)

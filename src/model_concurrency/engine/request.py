@@ -69,6 +69,7 @@ class Request:
         "prefill_target",
         "prompt_tokens",
         "queued_time",
+        "seq",
         "state",
         "stop_reason",
         "tag",
@@ -103,6 +104,7 @@ class Request:
         self.blocks = 0  # KV blocks held while prefilling (derived from ``computed`` while decoding)
         self.chunk = 0  # tokens scheduled in the current step (prefill only)
         self.tick_base = 0
+        self.seq = 0  # admission order in the engine's running list
         self.num_preemptions = 0
         self.engine: Any = None  # the Engine that served it (set on admission to a waiting queue)
         self.done: Any = None  # simpy.Event, created by submit()

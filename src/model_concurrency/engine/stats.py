@@ -8,8 +8,11 @@ into an :class:`~model_concurrency.observation.EngineSnapshot`. Bucket bounds ar
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 
-from model_concurrency.engine.request import ABORT, LENGTH, STOP
+import numpy as np
+
+from model_concurrency.engine.request import ABORT, LENGTH, STOP, Request
 
 __all__ = [
     "FINISHED_REASONS",
@@ -56,6 +59,17 @@ class Histogram:
         self.sum += value * n
         self.count += n
 
+    def observe_many(self, values: Sequence[float]) -> None:
+        """Bucket a batch at once (numpy): how the engine folds per-request observations it deferred."""
+        if not values:
+            return
+        array = np.asarray(values, dtype=float)
+        index = np.searchsorted(np.asarray(self.bounds), array, side="left")
+        for i, n in enumerate(np.bincount(index, minlength=len(self.counts)).tolist()):
+            self.counts[i] += n
+        self.sum += float(array.sum())
+        self.count += len(values)
+
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, cumulative count)`` pairs ending with ``(inf, count)``, as Prometheus exposes them."""
         out: list[tuple[float, int]] = []
@@ -67,7 +81,13 @@ class Histogram:
 
 
 class EngineStats:
-    """Cumulative counters of one engine since it (re)started."""
+    """Cumulative counters of one engine since it (re)started.
+
+    Per-request histograms are filled lazily: the engine appends finished requests and first-token latencies to
+    ``pending_*`` lists (one list append in the hot path instead of four bisections) and :meth:`fold` buckets them
+    in one numpy pass whenever the stats are read (``Engine.stats``, a snapshot or a scrape). A reader therefore
+    always sees every request that finished up to now, exactly as if each had been observed when it happened.
+    """
 
     __slots__ = (
         "decode_time",
@@ -76,6 +96,8 @@ class EngineStats:
         "generation_tokens",
         "itl",
         "num_preemptions",
+        "pending_finished",
+        "pending_ttft",
         "prefill_time",
         "prompt_tokens",
         "queue_time",
@@ -93,6 +115,25 @@ class EngineStats:
         self.queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self.prefill_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self.decode_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.pending_finished: list[Request] = []
+        self.pending_ttft: list[float] = []
+
+    def fold(self) -> None:
+        """Bucket the deferred per-request observations (requests must not be resubmitted after finishing)."""
+        if self.pending_ttft:
+            self.ttft.observe_many(self.pending_ttft)
+            self.pending_ttft = []
+        done = self.pending_finished
+        if not done:
+            return
+        self.pending_finished = []
+        self.e2e.observe_many([r.finish_time - r.arrival_time for r in done])  # type: ignore[operator]
+        self.queue_time.observe_many(
+            [r.first_scheduled_time - r.queued_time for r in done if r.first_scheduled_time is not None]  # type: ignore[operator]
+        )
+        served = [r for r in done if r.first_token_time is not None and r.finished_reason != ABORT]
+        self.prefill_time.observe_many([r.first_token_time - r.first_scheduled_time for r in served])  # type: ignore[operator]
+        self.decode_time.observe_many([r.finish_time - r.first_token_time for r in served])  # type: ignore[operator]
 
     @property
     def success_total(self) -> int:

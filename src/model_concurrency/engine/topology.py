@@ -104,6 +104,7 @@ class Server:
         self.up = True
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
+        self._frontend_free = preset.frontend.free
         self._frontend_free_at = [0.0] * preset.frontend.workers  # a heap of when each API worker is free
         self._in_frontend: dict[Request, None] = {}
         self._rr = itertools.count()
@@ -182,7 +183,7 @@ class Server:
             _abort_outside(request, now)
             return
         self.engines[0].check_fits(request)
-        if self.frontend.free:
+        if self._frontend_free:
             self._route(request)
             return
         # The API server works requests FIFO on its workers; the engine sees the request when that work is done.
@@ -200,7 +201,11 @@ class Server:
         self._route(request)
 
     def _route(self, request: Request) -> None:
-        live = [e for e in self.engines if e.up]
+        engines = self.engines
+        if len(engines) == 1:
+            engines[0].enqueue(request)  # a down engine aborts it
+            return
+        live = [e for e in engines if e.up]
         if not live:
             self._count_finish(request, ok=False)
             _abort_outside(request, self.env.now)
