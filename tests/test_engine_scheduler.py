@@ -165,10 +165,10 @@ def test_front_end_cost_delays_requests_before_the_engine_sees_them() -> None:
 
 
 def test_oversized_requests_are_refused() -> None:
-    env, engine = make_engine(num_gpu_blocks=4)
+    _env, engine = make_engine(num_gpu_blocks=4)
     with pytest.raises(ValueError, match="KV blocks"):
         engine.submit(Request(40, 10))  # 50 tokens > 3 usable blocks of 16
-    env2, embed = make_engine(chunked_prefill=False)
+    _env2, embed = make_engine(chunked_prefill=False)
     with pytest.raises(ValueError, match="chunked prefill"):
         embed.submit(Request(100, embedding=True))
 

@@ -52,7 +52,7 @@ _FINISHED = RequestState.FINISHED
 
 
 def _admission_order(request: Request) -> int:
-    return request.seq  # type: ignore[no-any-return]
+    return request.seq
 
 
 class EngineDownError(ConnectionError):
@@ -460,20 +460,6 @@ class Engine:
         self.waiting.appendleft(r)
         return freed
 
-    def _enter_decode(self, r: Request, tick: int) -> None:
-        offset = r.computed - tick
-        r.state = _DECODE
-        r.tick_base = tick
-        self._n_decode += 1
-        self._decode_offset_sum += offset
-        self._phases[offset % self.block_size][r] = None
-        finish_tick = tick + r.output_tokens - r.generated
-        bucket = self._finish_at.get(finish_tick)
-        if bucket is None:
-            self._finish_at[finish_tick] = [r]
-        else:
-            bucket.append(r)
-
     def _leave_decode(self, r: Request, tick: int, *, in_step: bool) -> int:
         """Take a decoding request out of the aggregates, materialise its progress; returns the blocks it held."""
         offset = r.computed - r.tick_base
@@ -548,7 +534,19 @@ class Engine:
             r.generated += 1
             stats.generation_tokens += 1
             if r.generated < r.output_tokens:
-                self._enter_decode(r, tick)
+                # Join the decode aggregates (see the module docstring): from here progress follows the tick.
+                offset = r.computed - tick
+                r.state = _DECODE
+                r.tick_base = tick
+                self._n_decode += 1
+                self._decode_offset_sum += offset
+                self._phases[offset % self.block_size][r] = None
+                finish_tick = tick + r.output_tokens - r.generated
+                bucket = self._finish_at.get(finish_tick)
+                if bucket is None:
+                    self._finish_at[finish_tick] = [r]
+                else:
+                    bucket.append(r)
                 return
         self.free_blocks += r.blocks
         del self.running[r]

@@ -37,7 +37,7 @@ _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:
-    return [(floatToGoString(bound), float(count)) for bound, count in hist.cumulative()]
+    return [(floatToGoString(bound), float(count)) for bound, count in hist.cumulative()]  # type: ignore[no-untyped-call]
 
 
 class VllmCollector:
