@@ -60,7 +60,15 @@ class EngineDownError(ConnectionError):
 
 
 class Engine:
-    """One engine core: waiting queue, running batch, KV blocks, one SimPy process stepping them."""
+    """One engine core: waiting queue, running batch, KV blocks, one SimPy process stepping them.
+
+    Readable state for the lab: ``waiting`` (deque) and ``running`` (ordered dict) hold live requests;
+    ``gauge_running``, ``gauge_waiting``, ``gauge_kv_usage`` are the values exported at the latest step;
+    ``free_blocks``, ``kv_usage`` (live), ``steps``, ``busy_time`` (simulated seconds spent stepping),
+    ``tokens_scheduled``, and ``stats`` (:class:`EngineStats`: counters and histograms). Capacity fields
+    (``max_num_seqs``, ``max_num_batched_tokens``, ``num_gpu_blocks``, ``speed``) change through
+    :meth:`set_capacity` only.
+    """
 
     def __init__(self, env: simpy.Environment, preset: EnginePreset, *, index: int = 0, model_name: str | None = None):
         self.env = env
