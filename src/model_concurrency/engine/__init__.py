@@ -20,11 +20,12 @@ API overview (everything runs on a ``simpy.Environment``'s simulated clock; noth
     engine = server.engines[0]   # Engine: the same submit / snapshot / set_capacity / set_down at engine level
     engine.stats                 # EngineStats: counters and Histograms (ttft, itl, e2e, queue_time, ...)
 
-A :class:`Request` is single-use (submit a new one per call) and carries its timestamps (``arrival_time``, ``queued_time``, ``first_scheduled_time``,
-``first_token_time``, ``finish_time``), ``finished_reason`` and ``num_preemptions``, so the lab can compute queue
-time and latency per request. Presets (:data:`PRESETS`): ``llama-8b-h100``, ``llama-8b-a100``, ``bge-m3``; derive
-variants with ``preset.replace(max_num_seqs=64, num_gpu_blocks=2000)``. Coefficients and their sources are in
-:mod:`.presets` and docs/engine-model.md.
+A :class:`Request` is single-use (submit a new one per call) and carries its timestamps (``arrival_time``,
+``queued_time``, ``first_scheduled_time``, ``first_token_time``, ``finish_time``), ``finished_reason`` and
+``num_preemptions``, so the lab can compute queue time and latency per request. Presets (:data:`PRESETS`):
+``llama-8b-h100``, ``llama-8b-a100``, ``bge-m3``; derive variants with
+``preset.replace(max_num_seqs=64, num_gpu_blocks=2000)``. Coefficients and their sources are in :mod:`.presets`
+and docs/engine-model.md.
 
 Module map: ``request`` (Request), ``stats`` (counters, histograms, vLLM buckets), ``steptime`` (the step-time
 and front-end cost models), ``presets``, ``engine`` (scheduler and step loop), ``metrics`` (Prometheus rendering),
