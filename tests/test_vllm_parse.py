@@ -129,3 +129,12 @@ def test_mutated_pages_never_raise_anything_else(data: st.DataObject) -> None:
     except MetricsError:
         return
     assert snap.running >= 0
+
+
+def test_cache_config_info_without_model_name_is_read() -> None:
+    text = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048"} 1\n'
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2048"} 1\n'
+    )
+    assert parse_vllm_metrics(text, "m").kv_num_blocks == 4096

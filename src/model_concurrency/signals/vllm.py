@@ -66,9 +66,12 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     kv_blocks: int | None = None
     waiting_capacity: float | None = None
     for name, labels, value in _samples(text):
-        if labels.get("model_name") != served_model_name:
-            continue
         if name not in _WANTED and name != CACHE_CONFIG:
+            continue
+        model = labels.get("model_name")
+        # vLLM's info gauges carry the config as labels and, in some releases, no model_name: a server serves
+        # one model, so an unlabelled cache_config_info belongs to it.
+        if model != served_model_name and not (name == CACHE_CONFIG and model is None):
             continue
         key = (name, frozenset(labels.items()))
         if key in seen:
