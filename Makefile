@@ -25,7 +25,7 @@ sim: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks notebooks
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 # The whole suite: lint, types, then every test (slow ones included).

@@ -21,7 +21,7 @@ from model_concurrency import (
     register_model,
     reset_controllers,
 )
-from model_concurrency import controller as controller_module
+from model_concurrency.controller import install_controller
 from model_concurrency.gate import limiter_for, registered_limiters
 
 
@@ -80,8 +80,7 @@ def live_model(name: str, floor: int, policy: ScriptedPolicy, clock: Clock) -> L
     """A registered model whose controller is real but polls a fake source on a fake clock."""
     spec = register_model(name, base_url="http://engine.invalid:8000", max_parallel_calls=floor)
     controller = LiveController(spec, source=FakeSource(), policy=policy, clock=clock)
-    controller_module._controllers[name] = controller  # the cache get_controller serves from
-    return controller
+    return install_controller(controller)
 
 
 # -- basics -----------------------------------------------------------------------------------------------------

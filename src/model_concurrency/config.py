@@ -44,6 +44,7 @@ TIMEOUT_S = ("MODEL_CONCURRENCY_TIMEOUT_S", 2.0)
 GRACE_POLLS = ("MODEL_CONCURRENCY_GRACE_POLLS", 3)
 POLICY = ("MODEL_CONCURRENCY_POLICY", "aimd")
 CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
+THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
 
 _FALSE = {"0", "false", "no", "off", ""}
 _TRUE = {"1", "true", "yes", "on"}

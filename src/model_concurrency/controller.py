@@ -44,6 +44,7 @@ __all__ = [
     "LiveController",
     "forget_controller",
     "get_controller",
+    "install_controller",
     "reset_controllers",
 ]
 
@@ -363,6 +364,16 @@ def get_controller(spec: ModelSpec) -> LiveController:
             controller = LiveController(spec)
             _controllers[spec.name] = controller
         return controller
+
+
+def install_controller(controller: LiveController) -> LiveController:
+    """Make ``controller`` the one the hooks and the gate use for its model (tests, custom sources or clocks).
+
+    It stays until the model is re-registered or controllers are reset.
+    """
+    with _cache_lock:
+        _controllers[controller.spec.name] = controller
+    return controller
 
 
 def forget_controller(name: str) -> None:

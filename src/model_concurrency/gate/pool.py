@@ -17,14 +17,13 @@ import os
 import threading
 from collections.abc import Callable
 
-from model_concurrency.config import setting
+from model_concurrency.config import THREAD_IDLE_S, setting
 
-__all__ = ["THREAD_IDLE_S", "WorkerPool", "drop_pools", "pool_for"]
+__all__ = ["WorkerPool", "drop_pools", "pool_for"]
 
 log = logging.getLogger("model_concurrency")
 
 # How long an idle worker thread waits for a job before exiting. Read when a model's pool is created.
-THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)
 
 Job = Callable[[], None]
 
