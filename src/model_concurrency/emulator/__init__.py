@@ -1,1 +1,40 @@
-"""emulator (in progress)."""
+"""A vLLM emulator: OpenAI-compatible HTTP endpoints and vLLM's ``/metrics`` over the SimPy engine model.
+
+Why: the controller's real job is against live HTTP endpoints, and without a GPU every live path (HTTP clients,
+the official ``openai`` client, the scrape, a Prometheus server, peer libraries) must still run for real. The
+emulator is a standard ASGI app (starlette, served by uvicorn) whose requests are served by the *same*
+:class:`~model_concurrency.engine.Server` the simulator uses, advanced on the wall clock times ``time_scale``.
+
+Endpoints: ``POST /v1/embeddings``, ``/v1/completions``, ``/v1/chat/completions``; ``GET /v1/models``,
+``/health``, ``/metrics`` (vLLM's names and labels); ``GET|POST /admin/capacity`` to read or change
+``max_num_seqs``, ``max_num_batched_tokens``, ``num_gpu_blocks``, ``speed``, ``engines`` (grow only) and ``up``
+at run time. Errors are OpenAI-style JSON: 400 for bad input, 404 for an unknown model, 503 while the engine is
+down. A client disconnect aborts its simulated requests. Streaming is not emulated (``stream=true`` is a 400).
+
+Use::
+
+    with serve_in_thread(EmulatorConfig(preset="bge-m3", max_num_seqs=64, time_scale=0.5)) as emu:
+        httpx.post(f"{emu.base_url}/embeddings", json={"model": emu.model, "input": "hello"})
+        emu.set_capacity(max_num_seqs=256)
+
+or from the shell ``model-concurrency emulate --preset bge-m3 --port 8000``; several instances on several ports
+form a fleet. Importing this package needs starlette and simpy (the ``emulator`` and ``sim`` extras); importing
+``model_concurrency`` never imports it.
+"""
+
+from __future__ import annotations
+
+from model_concurrency.emulator.app import METRICS_CONTENT_TYPE, Emulator, EmulatorConfig, create_app
+from model_concurrency.emulator.clock import SimDriver
+from model_concurrency.emulator.serve import RunningEmulator, serve, serve_in_thread
+
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "Emulator",
+    "EmulatorConfig",
+    "RunningEmulator",
+    "SimDriver",
+    "create_app",
+    "serve",
+    "serve_in_thread",
+]
