@@ -26,7 +26,7 @@ from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import SUMMARY_KEYS, summarize
 from model_concurrency.lab.trace import Trace
 
-__all__ = ["COLUMNS", "Study", "run_study", "write_csv", "write_grid", "write_markdown"]
+__all__ = ["COLUMNS", "Study", "markdown_table", "run_study", "write_csv", "write_grid", "write_markdown"]
 
 COLUMNS = ("scenario", "policy", *SUMMARY_KEYS)
 
@@ -71,7 +71,7 @@ class _Inline(Executor):
         future: Future[Any] = Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+        except BaseException as exc:
             future.set_exception(exc)
         return future
 
@@ -128,13 +128,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_markdown(rows: Sequence[dict[str, Any]], path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
-    """A GitHub-flavoured Markdown table, one row per scenario × policy (3 significant digits)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """A GitHub-flavoured Markdown table, one row per scenario × policy (3 significant digits; — for none)."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(rows: Sequence[dict[str, Any]], path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
+    """:func:`markdown_table` written to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_table(rows, columns))
     return path
 
 

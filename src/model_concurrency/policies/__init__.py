@@ -1,10 +1,11 @@
 """Policies: pure decisions from an Observation to the next concurrency target.
 
 Built-ins (docs/policies.md): ``aimd`` (the production default), ``seed-aimd`` (the original rules, flaws kept),
-``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity`` and ``static``. :func:`load_policy`
+``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity``, ``adaptive`` and ``static``. :func:`load_policy`
 builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.
 """
 
+from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
 from model_concurrency.policies.base import Policy
@@ -28,6 +29,7 @@ __all__ = [
     "AIMD",
     "BUILTIN_POLICIES",
     "AIMDSlowStart",
+    "Adaptive",
     "Capacity",
     "Gradient",
     "Policy",

@@ -35,6 +35,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
 from model_concurrency.policies.base import Policy
@@ -73,6 +74,7 @@ BUILTIN_POLICIES: dict[str, Callable[..., Policy]] = {
     "gradient": Gradient,
     "setpoint": Setpoint,
     "capacity": Capacity,
+    "adaptive": Adaptive,
     "static": Static,
 }
 

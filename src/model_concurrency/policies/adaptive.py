@@ -1,0 +1,172 @@
+"""Adaptive: AIMD that remembers where the engine saturated, adds gently below it, and probes above it.
+
+The lab measured the production AIMD on an idle engine (``ramp``) oscillating 222 ↔ 277 around the engine's
+256 sequences: after every cut a +25 % step overshoots again, so the engine queues every other poll and the p99
+queue time is several times the oracle's; and with four clients its growth in proportion to the target, like its
+cut to the served share, preserves whatever split the clients happen to have (Jain 0.46). TCP met both problems:
+slow start until the first loss, a remembered ``W_max`` (CUBIC), and additive increase for fairness (Chiu & Jain:
+only equal absolute steps plus proportional cuts converge to equal shares). The engine tells us more than a TCP
+sender learns, so the rules are, per poll:
+
+* **capacity change**: the summed KV block count (``vllm:cache_config_info`` over engines, ``kv_num_blocks``)
+  changed by more than ``rescale_threshold``: engines were added or lost. Scale the target, ``W_max`` and the
+  engine-capacity estimate by that factor at once (the data-parallel case: every engine has the same
+  ``max_num_seqs`` and KV cache). This is what lets a GPU added be used within one poll.
+* **saturated** (capacity-waiting): ``W_max ← S`` (the served share, what the engine runs for us), record the
+  server-wide ``running`` as an engine-capacity sample, ``T' = min(T, decrease_factor × S)``: never a raise.
+* **application-limited** (``inflight < near_full × T``): hold, as every growing policy here.
+* **slow start**: ``goal = max(W_max, s × C)`` with ``s`` our share of the engine's load and ``C`` the windowed
+  maximum of server-wide ``running`` on saturated polls (our share of the engine, which rises when a neighbour
+  leaves). With no goal (the first ramp), or under ``slow_start_below × goal`` (after a metrics outage dropped us
+  to the floor, after a neighbour left): ``×slow_start_factor`` a poll, capped at ``decrease_factor × goal``.
+* **additive increase**: under the goal, ``+increase_step`` a poll: the same absolute step for every client, so
+  unequal clients converge to equal shares, and the overshoot that ends a cycle is one step, not 25 %.
+* **probe**: at or above the goal, ``+increase_step × probe_growth^j`` (``j`` = probing polls so far without
+  saturation; a step never more than doubles the target): a capacity that has not moved is overshot by a
+  request or two, a capacity that grew without a KV-block signal is found in a few polls.
+* a long idle (``inflight == 0`` for ``idle_s``) forgets what was learnt and restarts slow start.
+
+The cost: a slow start that overshoots up to 2× on the very first ramp (cut at once to the served share), and a
+cycle of ``(1 − decrease_factor) × S / increase_step`` polls between saturations, below the capacity by at most
+``1 − decrease_factor``: on the engines of the lab the knee lies lower still.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from model_concurrency.observation import Observation
+from model_concurrency.policies._common import own_share, sustainable
+
+__all__ = ["Adaptive"]
+
+
+@dataclass(slots=True)
+class Adaptive:
+    """Slow start, cut to the served share, add a fixed step back up, probe above it; rescale on KV-block changes.
+
+    Parameters:
+        slow_start_factor: growth factor per poll far below the goal (default 2, > 1).
+        slow_start_below: slow start while ``target < slow_start_below × goal`` (default 0.5, in [0, 1]).
+        decrease_factor: a saturated poll cuts to ``decrease_factor ×`` the served share (default 0.9, in (0, 1)).
+        increase_step: the additive increase, in requests per poll (default 1, > 0); also the first probe step.
+        probe_growth: each probing poll without saturation multiplies the probe step by this (default 2, >= 1).
+        near_full: grow only when ``inflight ≥ near_full × target`` (default 0.8).
+        rescale_threshold: relative change of the summed KV block count treated as engines added or lost
+            (default 0.1; ``inf`` disables the rescale).
+        window_polls: saturated polls kept as engine-capacity samples (default 10).
+        window_s: seconds a capacity sample, and ``W_max``, stay valid (default 600).
+        idle_s: seconds of ``inflight == 0`` after which everything learnt is forgotten (default 120).
+    """
+
+    slow_start_factor: float = 2.0
+    slow_start_below: float = 0.5
+    decrease_factor: float = 0.9
+    increase_step: float = 1.0
+    probe_growth: float = 2.0
+    near_full: float = 0.8
+    rescale_threshold: float = 0.1
+    window_polls: int = 10
+    window_s: float = 600.0
+    idle_s: float = 120.0
+    w_max: float | None = field(default=None, init=False)
+    w_max_time: float = field(default=0.0, init=False)
+    probes: int = field(default=0, init=False)
+    blocks: float | None = field(default=None, init=False)
+    idle_since: float | None = field(default=None, init=False)
+    samples: deque[tuple[float, float]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.slow_start_factor > 1:
+            raise ValueError(f"slow_start_factor must be > 1, got {self.slow_start_factor}")
+        if not 0 <= self.slow_start_below <= 1:
+            raise ValueError(f"slow_start_below must be in [0, 1], got {self.slow_start_below}")
+        if not 0 < self.decrease_factor < 1:
+            raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
+        if not (self.increase_step > 0 and math.isfinite(self.increase_step)):
+            raise ValueError(f"increase_step must be > 0, got {self.increase_step}")
+        if not self.probe_growth >= 1:
+            raise ValueError(f"probe_growth must be >= 1, got {self.probe_growth}")
+        if not 0 <= self.near_full <= 1:
+            raise ValueError(f"near_full must be in [0, 1], got {self.near_full}")
+        if not self.rescale_threshold > 0:
+            raise ValueError(f"rescale_threshold must be > 0, got {self.rescale_threshold}")
+        if not (isinstance(self.window_polls, int) and self.window_polls >= 1):
+            raise ValueError(f"window_polls must be an int >= 1, got {self.window_polls!r}")
+        if not (self.window_s > 0 and self.idle_s >= 0):
+            raise ValueError("window_s must be > 0 and idle_s >= 0")
+        self.samples = deque(maxlen=self.window_polls)
+
+    # -- what has been learnt ---------------------------------------------------------------------------------
+    def capacity(self, now: float) -> float | None:
+        """The engine's concurrency capacity (server-wide running while saturated), windowed maximum."""
+        while self.samples and now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+        return max(r for _, r in self.samples) if self.samples else None
+
+    def goal(self, obs: Observation) -> float | None:
+        """Where the engine last ran out for us: ``W_max``, or our share of the engine's capacity if larger."""
+        if self.w_max is not None and obs.time - self.w_max_time > self.window_s:
+            self.w_max = None
+        capacity = self.capacity(obs.time)
+        share = own_share(obs) * capacity if capacity is not None else None
+        known = [v for v in (self.w_max, share) if v is not None and v > 0]
+        return max(known) if known else None
+
+    def _track_idle(self, obs: Observation) -> None:
+        if obs.inflight > 0:
+            self.idle_since = None
+            return
+        if self.idle_since is None or obs.time < self.idle_since:
+            self.idle_since = obs.time
+        if obs.time - self.idle_since >= self.idle_s:
+            self.w_max, self.probes = None, 0
+            self.samples.clear()
+
+    def _rescale(self, obs: Observation) -> float | None:
+        """The factor by which the summed KV block count changed since the last poll that reported it."""
+        blocks = obs.kv_num_blocks
+        if not blocks or blocks <= 0:
+            return None
+        before, self.blocks = self.blocks, float(blocks)
+        if before is None:
+            return None
+        factor = blocks / before
+        return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
+
+    # -- the rule --------------------------------------------------------------------------------------------
+    def next_target(self, target: float, obs: Observation) -> float:
+        self._track_idle(obs)
+        factor = self._rescale(obs)
+        if factor is not None:
+            if self.w_max is not None:
+                self.w_max *= factor
+            self.samples = deque(((t, r * factor) for t, r in self.samples), maxlen=self.window_polls)
+            self.probes = 0
+            if factor < 1 or obs.inflight >= self.near_full * target:
+                return target * factor
+        if obs.waiting_capacity > 0:
+            served = sustainable(obs)
+            self.samples.append((obs.time, obs.running))
+            self.probes = 0
+            if served is None:  # none of the queue is ours
+                return target
+            self.w_max, self.w_max_time = served, obs.time
+            return min(target, self.decrease_factor * served)
+        if obs.inflight < self.near_full * target:
+            return target
+        goal = self.goal(obs)
+        if goal is None:
+            return max(target * self.slow_start_factor, target + self.increase_step)
+        if target < self.slow_start_below * goal:
+            self.probes = 0
+            grown = max(target * self.slow_start_factor, target + self.increase_step)
+            return min(grown, max(self.decrease_factor * goal, target + self.increase_step))
+        if target + self.increase_step <= goal:
+            self.probes = 0
+            return target + self.increase_step
+        step = self.increase_step * self.probe_growth**self.probes
+        self.probes += 1
+        return target + min(step, target)
