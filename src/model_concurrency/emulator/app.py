@@ -266,8 +266,8 @@ class Emulator:
             if body.get(k) is not None
         }
         for key, value in changes.items():
-            whole = key == "speed" or value == int(value)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not whole:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or (key != "speed" and value != int(value)):
                 raise ApiError(400, f"'{key}' must be a number", param=key)
         seqs = changes.get("max_num_seqs")
         if seqs is not None and "max_num_batched_tokens" not in changes:

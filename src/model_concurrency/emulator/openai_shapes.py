@@ -68,7 +68,7 @@ def now_s() -> int:
 def embedding_inputs(body: Mapping[str, Any]) -> list[tuple[int, bytes]]:
     """``input`` as (token count, hash key) per item: a string, strings, token ids, or lists of token ids."""
     raw = body.get("input")
-    if isinstance(raw, str):
+    if isinstance(raw, str) and raw:
         items: Sequence[Any] = [raw]
     elif isinstance(raw, list) and raw and all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
         items = [raw]  # one prompt given as token ids
@@ -78,7 +78,7 @@ def embedding_inputs(body: Mapping[str, Any]) -> list[tuple[int, bytes]]:
         raise ApiError(400, "'input' must be a non-empty string, list of strings or list of token ids", param="input")
     out: list[tuple[int, bytes]] = []
     for item in items:
-        if isinstance(item, str):
+        if isinstance(item, str) and item:
             out.append((count_tokens(item), item.encode("utf-8")))
         elif isinstance(item, list) and item and all(isinstance(x, int) and not isinstance(x, bool) for x in item):
             out.append((len(item), ",".join(map(str, item)).encode("ascii")))

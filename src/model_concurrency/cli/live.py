@@ -1,0 +1,235 @@
+"""Live subcommands: ``emulate`` (a vLLM emulator), ``run`` (an adaptive embedding fan-out), ``watch`` (a table).
+
+They exist so every live path can be exercised without a GPU: ``emulate`` serves vLLM's API and ``/metrics`` from
+the engine model, ``run`` drives real HTTP through ``map_concurrent`` and the adaptive controller and shows how
+the target moved, and ``watch`` shows what each registered model's controller sees, refreshed every poll.
+starlette, uvicorn, rich and tqdm are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    e = subparsers.add_parser("emulate", help="serve an emulated vLLM (OpenAI API + /metrics) from the engine model")
+    e.add_argument("--preset", default="bge-m3", help="engine preset: bge-m3, llama-8b-h100, llama-8b-a100")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=8000)
+    e.add_argument("--max-num-seqs", type=int, help="override the preset's max_num_seqs")
+    e.add_argument("--engines", type=int, default=1, help="engine cores behind this server (data parallel)")
+    e.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
+    e.add_argument("--served-model-name", help="model name clients send and /metrics labels carry")
+    e.add_argument(
+        "--no-frontend-cost",
+        action="store_true",
+        help="do not simulate API-server CPU per request (the emulator's own HTTP stack is a real one)",
+    )
+    e.add_argument("--log-level", default="info")
+    e.set_defaults(func=emulate)
+
+    r = subparsers.add_parser("run", help="embed N synthetic inputs through map_concurrent with the adaptive target")
+    r.add_argument("--model", required=True, help="registry name for the model (e.g. bge-m3)")
+    r.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    r.add_argument("--items", type=int, default=5000)
+    r.add_argument("--served-model-name", help="default: the first id GET {base-url}/models lists")
+    r.add_argument("--floor", type=int, default=4, help="static capacity: the target never goes below it")
+    r.add_argument("--input-chars", type=int, default=32, help="characters per synthetic input")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=run)
+
+    w = subparsers.add_parser("watch", help="live table of every registered model's target and engine signals")
+    w.add_argument("--config", help="models TOML to load (else MODEL_CONCURRENCY_CONFIG)")
+    w.add_argument("--interval", type=float, help="refresh seconds (default: MODEL_CONCURRENCY_POLL_S)")
+    w.add_argument("--once", action="store_true", help="print one table and exit")
+    w.set_defaults(func=watch)
+
+
+# ---------------------------------------------------------------------------------------------------- emulate
+def emulate(args: argparse.Namespace) -> int:
+    from model_concurrency.emulator import EmulatorConfig, serve
+
+    config = EmulatorConfig(
+        preset=args.preset,
+        max_num_seqs=args.max_num_seqs,
+        engines=args.engines,
+        time_scale=args.time_scale,
+        served_model_name=args.served_model_name,
+        simulate_frontend=not args.no_frontend_cost,
+    )
+    config.engine_preset()  # unknown preset: fail with the preset list before binding anything
+    serve(config, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- run
+def served_name_from(base_url: str) -> str:
+    """The first model id the server lists (vLLM serves one), so ``--served-model-name`` is rarely needed."""
+    import httpx
+
+    response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=10)
+    response.raise_for_status()
+    data = response.json().get("data") or []
+    if not data:
+        raise ValueError(f"{base_url}/models lists no model; pass --served-model-name")
+    return str(data[0]["id"])
+
+
+def synthetic_inputs(n: int, chars: int) -> list[str]:
+    filler = " lorem ipsum dolor sit amet" * (chars // 20 + 1)
+    return [(f"item {i}" + filler)[: max(chars, len(f"item {i}"))] for i in range(n)]
+
+
+def compress_path(samples: list[tuple[float, int]], limit: int = 24) -> list[tuple[float, int]]:
+    """Keep the points where the target changed (first and last always), thinned to ``limit`` points."""
+    changes = [s for i, s in enumerate(samples) if i == 0 or s[1] != samples[i - 1][1]]
+    if samples and changes[-1] != samples[-1]:
+        changes.append(samples[-1])
+    if len(changes) <= limit:
+        return changes
+    step = (len(changes) - 1) / (limit - 1)
+    return [changes[round(i * step)] for i in range(limit)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_concurrency import hooks
+    from model_concurrency.config import register_model
+
+    if args.items < 1 or args.floor < 1:
+        raise ValueError("--items and --floor must be >= 1")
+    base_url = args.base_url.rstrip("/")
+    served = args.served_model_name or served_name_from(base_url)
+    register_model(args.model, base_url=base_url, served_model_name=served, max_parallel_calls=args.floor)
+    inputs = synthetic_inputs(args.items, args.input_chars)
+    samples: list[tuple[float, int]] = []
+    outcome = asyncio.run(_fan_out(args, base_url, served, inputs, samples))
+    elapsed, results = outcome
+    util = hooks.get_utilization(args.model)
+    path = compress_path(samples)
+    print(f"model {args.model} (served as {served}) at {base_url}: policy {util['policy']}")
+    print(f"{len(results)} items in {elapsed:.2f} s: {len(results) / elapsed:.1f} items/s")
+    print(f"target: floor {util['floor']}, ceiling {util['ceiling']}, max {max(t for _, t in samples)}, "
+          f"final {util['current_target']}")  # fmt: skip
+    print("target path (s: target): " + ", ".join(f"{t:.1f}: {v}" for t, v in path))
+    return 0
+
+
+async def _fan_out(
+    args: argparse.Namespace, base_url: str, served: str, inputs: list[str], samples: list[tuple[float, int]]
+) -> tuple[float, list[int]]:
+    from model_concurrency import hooks, map_concurrent
+    from model_concurrency.cli._http import ShardedClient
+
+    bar: Any = None
+    if not args.quiet and sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(inputs), desc=f"embed / {args.model}", unit="item", file=sys.stderr)
+        except ImportError:
+            bar = None
+    start = time.monotonic()
+
+    async def sample() -> None:
+        while True:
+            samples.append((time.monotonic() - start, int(hooks.get_utilization(args.model)["current_target"])))
+            await asyncio.sleep(0.1)
+
+    async with ShardedClient() as client:
+
+        async def embed(text: str) -> int:
+            response = await client.post(f"{base_url}/embeddings", json={"model": served, "input": text})
+            response.raise_for_status()
+            if bar is not None:
+                bar.update(1)
+            return int(response.json()["usage"]["prompt_tokens"])
+
+        sampler = asyncio.ensure_future(sample())
+        try:
+            results = await map_concurrent(inputs, embed, model=args.model)
+        finally:
+            sampler.cancel()
+            if bar is not None:
+                bar.close()
+    elapsed = time.monotonic() - start
+    samples.append((elapsed, int(hooks.get_utilization(args.model)["current_target"])))
+    return elapsed, results
+
+
+# ---------------------------------------------------------------------------------------------------- watch
+_COLUMNS = (
+    ("model", "model"),
+    ("target", "current_target"),
+    ("floor", "floor"),
+    ("ceiling", "ceiling"),
+    ("in-flight", "inflight"),
+    ("running", "running"),
+    ("cap-waiting", "waiting_capacity"),
+    ("KV usage", "kv_cache_usage"),
+    ("saturated", "saturated"),
+    ("metrics", "metrics_ok"),
+    ("policy", "policy"),
+)
+
+
+def utilization_rows() -> list[dict[str, Any]]:
+    """Poll every registered model when due, then one snapshot of all of them."""
+    from model_concurrency import hooks
+    from model_concurrency.config import registered_models
+
+    for name in registered_models():
+        hooks.resolve_capacity(name)  # polls when due; never raises
+    rows = []
+    for name, util in hooks.get_all_utilization().items():
+        row = dict(util)
+        row["model"] = name
+        kv = row.get("kv_cache_usage")
+        row["kv_cache_usage"] = None if kv is None else f"{100 * kv:.1f}%"
+        ok = row.get("metrics_ok")
+        row["metrics_ok"] = "static" if ok is None else ("ok" if ok else f"failed: {row.get('last_error') or ''}"[:40])
+        rows.append(row)
+    return rows
+
+
+def render_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    from model_concurrency.cli._output import fmt
+
+    table = Table(title=f"model-concurrency watch — {time.strftime('%H:%M:%S')}")
+    for title, _ in _COLUMNS:
+        table.add_column(title, justify="left" if title in ("model", "metrics", "policy") else "right")
+    for row in rows:
+        table.add_row(*(fmt(row.get(key)) for _, key in _COLUMNS))
+    return table
+
+
+def watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from model_concurrency import config
+
+    if args.config:
+        config.load_config(args.config)
+    if not config.registered_models():
+        print(
+            "model-concurrency: no registered models (pass --config or set MODEL_CONCURRENCY_CONFIG)", file=sys.stderr
+        )
+        return 2
+    console = Console(width=max(120, Console().width))
+    if args.once:
+        console.print(render_table(utilization_rows()))
+        return 0
+    interval = args.interval if args.interval is not None else config.setting(*config.POLL_S)
+    interval = max(0.2, float(interval))
+    with Live(render_table(utilization_rows()), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            live.update(render_table(utilization_rows()))
