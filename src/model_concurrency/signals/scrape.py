@@ -16,6 +16,7 @@ Every failure is a :class:`ScrapeError` with a one-line reason; the controller l
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from dataclasses import dataclass
@@ -148,25 +149,19 @@ def fetch_text(
     token_origin: tuple[str, str, int | None] | None = None,
     limits: ScrapeLimits = ScrapeLimits(),
 ) -> str:
-    """Blocking fetch, for threads without an event loop. Raises :class:`ScrapeError`."""
-    deadline = time.monotonic() + limits.deadline_s
-    current = httpx.URL(url)
+    """Blocking fetch, for threads without a running event loop. Raises :class:`ScrapeError`.
+
+    It runs :func:`afetch_text` on a private event loop rather than using httpx's sync client: only a loop can
+    enforce the overall deadline while the server is still trickling its status line or headers (a sync read
+    timeout restarts with every byte). The private loop is never installed as the thread's current loop, so a
+    program that keeps its own loop in this thread is not disturbed.
+    """
+    loop = asyncio.new_event_loop()
     try:
-        with httpx.Client(timeout=limits.timeout_s, follow_redirects=False, trust_env=False) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                with client.stream("GET", current, headers=_headers(current, token_origin, api_key)) as resp:
-                    nxt = _next_url(resp, current)
-                    if nxt is None:
-                        body = _Body(resp.headers.get("content-encoding", ""), limits, deadline)
-                        for chunk in resp.iter_raw():
-                            body.feed(chunk)
-                        return body.text()
-                current = nxt
-    except ScrapeError:
-        raise
-    except _TRANSPORT_ERRORS as exc:
-        raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
-    raise ScrapeError("too many redirects")
+        return loop.run_until_complete(afetch_text(url, api_key=api_key, token_origin=token_origin, limits=limits))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 async def afetch_text(
@@ -176,9 +171,7 @@ async def afetch_text(
     token_origin: tuple[str, str, int | None] | None = None,
     limits: ScrapeLimits = ScrapeLimits(),
 ) -> str:
-    """Non-blocking fetch for event loops; the same limits, with the deadline enforced by the loop too."""
-    import asyncio
-
+    """Non-blocking fetch for event loops: timeout per operation, one deadline over the whole exchange."""
     deadline = time.monotonic() + limits.deadline_s
     current = httpx.URL(url)
 
