@@ -100,7 +100,9 @@ def test_models_health_and_metrics(emu: RunningEmulator) -> None:
         ("/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ],
 )
-def test_errors_are_openai_json(emu: RunningEmulator, path: str, body: dict[str, object], status: int, param: str) -> None:
+def test_errors_are_openai_json(
+    emu: RunningEmulator, path: str, body: dict[str, object], status: int, param: str
+) -> None:
     r = httpx.post(f"{emu.base_url}{path}", json=body)
     assert r.status_code == status
     error = r.json()["error"]

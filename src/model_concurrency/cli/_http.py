@@ -22,7 +22,8 @@ class ShardedClient:
     def __init__(self, *, connections: int = 512, per_shard: int = 16, timeout: float = 120.0) -> None:
         shards = max(1, -(-connections // per_shard))
         limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
-        self._clients = [httpx.AsyncClient(timeout=timeout, limits=limits) for _ in range(shards)]
+        tls = httpx.create_ssl_context()  # one certificate load, not one per shard
+        self._clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls) for _ in range(shards)]
         self._next = itertools.cycle(self._clients)
 
     async def post(self, url: str, **kwargs: Any) -> httpx.Response:

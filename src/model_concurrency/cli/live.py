@@ -134,7 +134,7 @@ async def _fan_out(
             bar = tqdm(total=len(inputs), desc=f"embed / {args.model}", unit="item", file=sys.stderr)
         except ImportError:
             bar = None
-    start = time.monotonic()
+    start = 0.0
 
     async def sample() -> None:
         while True:
@@ -142,6 +142,7 @@ async def _fan_out(
             await asyncio.sleep(0.1)
 
     async with ShardedClient() as client:
+        start = time.monotonic()
 
         async def embed(text: str) -> int:
             response = await client.post(f"{base_url}/embeddings", json={"model": served, "input": text})
