@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY
 
 from conftest import FakeClock
 from fault_servers import (
+    FaultHandler,
     FaultServer,
     Fixed,
     bounded,
@@ -129,6 +130,18 @@ def text_page(body: str, status: int = 200, headers: dict[str, str] | None = Non
     return functools.partial(served, lambda: page(body, status=status, headers=headers))
 
 
+def cut_short(body: bytes) -> Callable[[FaultHandler], None]:
+    """Announces the whole page in Content-Length, sends half of it, and closes."""
+
+    def respond(h: FaultHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body[: len(body) // 2])
+
+    return respond
+
+
 @dataclass(frozen=True)
 class Fault:
     name: str
@@ -164,6 +177,11 @@ FAULTS = [
         "unknown-encoding",
         functools.partial(served, lambda: page(good_page(), headers={"Content-Encoding": "br"})),
         "unsupported content-encoding",
+    ),
+    Fault(
+        "truncated-body",
+        functools.partial(served, lambda: cut_short(good_page())),
+        "RemoteProtocolError: peer closed connection without sending complete message body",
     ),
     Fault(
         "binary-garbage",
@@ -503,3 +521,76 @@ def test_live_poll_of_mutated_pages_matches_the_parser(text: str, mutable: Fault
         assert target == GOOD and controller.core.last_ok is True and failures == []
         assert controller.core.last_observation is not None
         assert controller.core.last_observation.running == expected.running
+
+
+# -- the table's other rows (docs/operations.md): policy, knobs, config, unknown model -------------------------------
+class Boom:
+    def next_target(self, target: float, obs: object) -> float:
+        raise RuntimeError("plug-in bug")
+
+
+class NotANumber:
+    def next_target(self, target: float, obs: object) -> float:
+        return math.nan
+
+
+@pytest.mark.parametrize("policy", [Boom(), NotANumber()], ids=["raises", "nan"])
+def test_a_policy_that_raises_or_answers_nan_holds_the_target(
+    policy: object, good: FaultServer, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = register_model("m", base_url=f"{good.url}/v1", served_model_name=LLAMA, max_parallel_calls=FLOOR)
+    controller = LiveController(spec, clock=clock, policy=Fixed(GOOD))
+    assert bounded(controller.target) == GOOD
+    controller.core.policy = policy  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, "model_concurrency"):
+        for _ in range(5):  # more than the grace: a policy failure is not a failed poll
+            clock.advance(12)
+            assert bounded(controller.target) == GOOD
+    assert controller.core.last_ok is True and controller.core.consecutive_failures == 0
+    errors = [r for r in caplog.records if r.name == "model_concurrency"]
+    if isinstance(policy, Boom):
+        assert len(errors) == 5 and all(r.levelno == logging.ERROR for r in errors)
+        assert errors[0].getMessage() == "policy Boom raised RuntimeError: plug-in bug; holding the target"
+    else:
+        assert errors == []  # NaN is held silently
+
+
+def test_unknown_policy_name_falls_back_to_aimd(
+    good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLICY", "no-such-policy-anywhere")
+    register_model("m", base_url=f"{good.url}/v1", served_model_name=LLAMA, max_parallel_calls=FLOOR)
+    with caplog.at_level(logging.WARNING, "model_concurrency"):
+        assert bounded(lambda: resolve_capacity("m")) >= FLOOR
+    controller = controller_for("m")
+    assert controller is not None and type(controller.core.policy).__name__ == "AIMD"
+    lines = warnings_of(caplog)
+    assert len(lines) == 1 and lines[0].startswith("model m: unknown policy 'no-such-policy-anywhere'")
+    assert "using the default AIMD" in lines[0]
+
+
+def test_a_garbage_knob_warns_once_and_uses_its_default(
+    good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MODEL_MAX_CONCURRENCY", "lots-of-them-7")  # unique: the warning is once per process
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0")
+    register(good)
+    with caplog.at_level(logging.WARNING, "model_concurrency"):
+        for _ in range(3):
+            assert bounded(lambda: resolve_capacity("m")) == GOOD
+    lines = warnings_of(caplog)
+    assert lines == ["ignoring MODEL_MAX_CONCURRENCY='lots-of-them-7': not a valid int; using 512"]
+    assert get_utilization("m")["ceiling"] == 512
+
+
+def test_an_unreadable_config_file_logs_once(
+    good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: object
+) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_CONFIG", f"{tmp_path}/missing.toml")
+    register(good)
+    with caplog.at_level(logging.WARNING, "model_concurrency"):
+        for _ in range(3):
+            assert bounded(lambda: resolve_capacity("m")) == GOOD  # explicit registrations still work
+            assert resolve_capacity("from-the-file") == 1  # unknown model: capacity 1, no log
+    lines = warnings_of(caplog)
+    assert len(lines) == 1 and lines[0].startswith(f"cannot load MODEL_CONCURRENCY_CONFIG={tmp_path}/missing.toml")
