@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (a notebook imports after its parameters cell)
 # ---
 # jupyter:
 #   jupytext:
@@ -32,9 +33,6 @@ FAST = False
 import dataclasses
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
@@ -95,8 +93,16 @@ save_figure(fig, "aimd_ramp_targets")
 
 # %%
 rows = [summary for _, summary in results.values()]
-columns = ["knob", "value", "goodput_ratio", "time_to_90pct_s", "saturated_fraction", "queue_time_p99_s",
-           "oracle_queue_time_p99_s", "oscillation"]
+columns = [
+    "knob",
+    "value",
+    "goodput_ratio",
+    "time_to_90pct_s",
+    "saturated_fraction",
+    "queue_time_p99_s",
+    "oracle_queue_time_p99_s",
+    "oscillation",
+]
 display(Markdown(markdown_table(rows, columns)))
 
 # %%
@@ -114,8 +120,9 @@ for ax, key, label in zip(
     ax.set_title(label)
     ax.legend(fontsize=8)
 if oracle.queue_times.size:
-    axes[1].axhline(2 * float(summarize(oracle, oracle)["queue_time_p99_s"]), color="k", linestyle=":",
-                    label="2 × oracle")
+    axes[1].axhline(
+        2 * float(summarize(oracle, oracle)["queue_time_p99_s"]), color="k", linestyle=":", label="2 × oracle"
+    )
     axes[1].legend(fontsize=8)
 fig.tight_layout()
 save_figure(fig, "aimd_ramp_tradeoffs")

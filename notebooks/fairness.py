@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (a notebook imports after its parameters cell)
 # ---
 # jupyter:
 #   jupytext:
@@ -34,9 +35,6 @@ FAST = False
 import dataclasses
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
@@ -60,9 +58,9 @@ POLICIES = ["aimd", "adaptive", "capacity"] if FAST else ["aimd", "aimd-slowstar
 
 # %%
 four = load_scenario(SIMS / "multi-client.toml")
-two = dataclasses.replace(
-    four, name="two-clients", clients=dataclasses.replace(four.clients, count=2)
-).scaled(0.4 if FAST else 1.0)
+two = dataclasses.replace(four, name="two-clients", clients=dataclasses.replace(four.clients, count=2)).scaled(
+    0.4 if FAST else 1.0
+)
 knee = Oracle(two).knees()[0][1]
 
 
@@ -74,7 +72,7 @@ def late_start(policy: str, delay_s: float):
         def __init__(self) -> None:
             self.inner = load_policy(policy)
 
-        def next_target(self, target: float, obs):  # noqa: ANN001 - the Policy protocol
+        def next_target(self, target: float, obs):
             return target if obs.time < delay_s else self.inner.next_target(target, obs)
 
     def factory():
@@ -127,13 +125,19 @@ fig, axes = plt.subplots(1, 2, figsize=(14, 4))
 for policy in POLICIES:
     trace = simulate(sc4, policy_factory=lambda p=policy: load_policy(p))
     jain = rolling_jain(trace)
-    axes[0].plot(trace.time[len(trace.time) - len(jain):], jain, label=policy)
+    axes[0].plot(trace.time[len(trace.time) - len(jain) :], jain, label=policy)
     axes[1].plot(trace.time, np.sum([c.target for c in trace.clients], axis=0), label=policy)
     rows.append({"clients": 4, "policy": policy, **summarize(trace, oracle4)})
 axes[0].set_title("4 clients: Jain index of goodput, 60 s window")
 axes[0].set_ylim(0, 1.05)
-axes[1].step(oracle4.time, np.sum([c.target for c in oracle4.clients], axis=0), where="post", color="k",
-             linestyle=":", label="oracle (knee)")
+axes[1].step(
+    oracle4.time,
+    np.sum([c.target for c in oracle4.clients], axis=0),
+    where="post",
+    color="k",
+    linestyle=":",
+    label="oracle (knee)",
+)
 axes[1].set_title("4 clients: sum of targets")
 for ax in axes:
     ax.set_xlabel("simulated time (s)")
@@ -167,6 +171,13 @@ fig.tight_layout()
 save_figure(fig, "fairness_32_clients")
 
 # %%
-columns = ["clients", "policy", "goodput_ratio", "jain_fairness", "saturated_fraction", "queue_time_p99_s",
-           "oracle_queue_time_p99_s"]
+columns = [
+    "clients",
+    "policy",
+    "goodput_ratio",
+    "jain_fairness",
+    "saturated_fraction",
+    "queue_time_p99_s",
+    "oracle_queue_time_p99_s",
+]
 display(Markdown(markdown_table(rows, columns)))

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (a notebook imports after its parameters cell)
 # ---
 # jupyter:
 #   jupytext:
@@ -26,9 +27,6 @@ FAST = False
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
@@ -48,8 +46,18 @@ else:
 study = run_study(scenarios, policies, jobs=min(2, os.cpu_count() or 1) if FAST else None)
 
 # %%
-columns = ["scenario", "policy", "goodput_ratio", "time_to_90pct_s", "oracle_time_to_90pct_s",
-           "saturated_fraction", "queue_time_p99_s", "oracle_queue_time_p99_s", "oscillation", "jain_fairness"]
+columns = [
+    "scenario",
+    "policy",
+    "goodput_ratio",
+    "time_to_90pct_s",
+    "oracle_time_to_90pct_s",
+    "saturated_fraction",
+    "queue_time_p99_s",
+    "oracle_queue_time_p99_s",
+    "oscillation",
+    "jain_fairness",
+]
 display(Markdown(markdown_table(study.rows, columns)))
 
 # %% [markdown]

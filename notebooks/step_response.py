@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (a notebook imports after its parameters cell)
 # ---
 # jupyter:
 #   jupytext:
@@ -26,9 +27,6 @@ FAST = False
 import dataclasses
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
@@ -51,8 +49,11 @@ scenario = dataclasses.replace(
     events=(Event(at_s=600.0, action="add_engines", count=3), Event(at_s=1200.0, action="remove_engines", count=3)),
 ).scaled(0.3 if FAST else 1.0)
 ADD, REMOVE = (e.at_s for e in scenario.events)
-POLICIES = ["seed-aimd", "aimd", "capacity", "adaptive"] if FAST else [
-    "seed-aimd", "aimd", "aimd-slowstart", "capacity", "adaptive"]
+POLICIES = (
+    ["seed-aimd", "aimd", "capacity", "adaptive"]
+    if FAST
+    else ["seed-aimd", "aimd", "aimd-slowstart", "capacity", "adaptive"]
+)
 oracle = Oracle(scenario).run()
 traces = {p: simulate(scenario, policy_factory=lambda p=p: load_policy(p)) for p in POLICIES}
 

@@ -101,16 +101,16 @@ def run_study(
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                scenario, policy = pending.pop(future)
+                scenario, label = pending.pop(future)
                 trace = future.result()
-                if policy is None:
+                if label is None:
                     study.oracles[scenario.name] = trace
                     for p in policies:
                         pending[executor.submit(_pair_task, scenario, p)] = (scenario, p)
                 else:
-                    study.traces[(scenario.name, policy)] = trace
+                    study.traces[(scenario.name, label)] = trace
                 if progress is not None:
-                    progress(f"{scenario.name} / {policy or 'oracle'}")
+                    progress(f"{scenario.name} / {label or 'oracle'}")
     for sc in scenarios:
         for p in policies:
             summary = summarize(study.traces[(sc.name, p)], study.oracles[sc.name])

@@ -1,8 +1,8 @@
 """Policies: pure decisions from an Observation to the next concurrency target.
 
 Built-ins (docs/policies.md): ``aimd`` (the production default), ``seed-aimd`` (the original rules, flaws kept),
-``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity``, ``adaptive`` and ``static``. :func:`load_policy`
-builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.
+``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity``, ``adaptive`` and ``static``.
+:func:`load_policy` builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.
 """
 
 from model_concurrency.policies.adaptive import Adaptive

@@ -49,7 +49,10 @@ class Adaptive:
 
     Parameters:
         slow_start_factor: growth factor per poll far below the goal (default 2, > 1).
-        slow_start_below: slow start while ``target < slow_start_below × goal`` (default 0.5, in [0, 1]).
+        slow_start_below: slow start while ``target < slow_start_below × goal`` (default 0.85, in [0, 1]; below
+            the cut's 0.9, so a cut is followed by the additive climb, not by doubling).
+        startup_exit: the first ramp stops doubling when a doubling raised the completion rate by less than this
+            factor (default 1.15; 1 disables the test).
         decrease_factor: a saturated poll cuts to ``decrease_factor ×`` the served share (default 0.9, in (0, 1)).
         increase_step: the additive increase, in requests per poll (default 1, > 0); also the first probe step.
         probe_growth: each probing poll without saturation multiplies the probe step by this (default 2, >= 1).
@@ -57,12 +60,15 @@ class Adaptive:
         rescale_threshold: relative change of the summed KV block count treated as engines added or lost
             (default 0.1; ``inf`` disables the rescale).
         window_polls: saturated polls kept as engine-capacity samples (default 10).
-        window_s: seconds a capacity sample, and ``W_max``, stay valid (default 600).
+        window_s: seconds a capacity sample stays valid (default 600). ``W_max`` does not expire: it moves with
+            every saturation and every KV-block rescale, and forgetting it would send a settled client back to
+            doubling from its current level, the one overshoot the startup test cannot see coming.
         idle_s: seconds of ``inflight == 0`` after which everything learnt is forgotten (default 120).
     """
 
     slow_start_factor: float = 2.0
-    slow_start_below: float = 0.5
+    slow_start_below: float = 0.85
+    startup_exit: float = 1.15
     decrease_factor: float = 0.9
     increase_step: float = 1.0
     probe_growth: float = 2.0
@@ -76,6 +82,8 @@ class Adaptive:
     probes: int = field(default=0, init=False)
     blocks: float | None = field(default=None, init=False)
     idle_since: float | None = field(default=None, init=False)
+    last_time: float | None = field(default=None, init=False)
+    startup_rate: float | None = field(default=None, init=False)
     samples: deque[tuple[float, float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +91,8 @@ class Adaptive:
             raise ValueError(f"slow_start_factor must be > 1, got {self.slow_start_factor}")
         if not 0 <= self.slow_start_below <= 1:
             raise ValueError(f"slow_start_below must be in [0, 1], got {self.slow_start_below}")
+        if not self.startup_exit >= 1:
+            raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
         if not 0 < self.decrease_factor < 1:
             raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
         if not (self.increase_step > 0 and math.isfinite(self.increase_step)):
@@ -108,8 +118,6 @@ class Adaptive:
 
     def goal(self, obs: Observation) -> float | None:
         """Where the engine last ran out for us: ``W_max``, or our share of the engine's capacity if larger."""
-        if self.w_max is not None and obs.time - self.w_max_time > self.window_s:
-            self.w_max = None
         capacity = self.capacity(obs.time)
         share = own_share(obs) * capacity if capacity is not None else None
         known = [v for v in (self.w_max, share) if v is not None and v > 0]
@@ -136,9 +144,26 @@ class Adaptive:
         factor = blocks / before
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
+    def _rate(self, obs: Observation) -> float | None:
+        """Our own completions per second since the previous poll, or None on the first poll."""
+        before, self.last_time = self.last_time, obs.time
+        if before is None or obs.time <= before:
+            return None
+        return obs.client_calls / (obs.time - before)
+
+    def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
+        """The first ramp: double, unless the last doubling bought too little throughput (the pipe is full)."""
+        previous, self.startup_rate = self.startup_rate, rate
+        if previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
+            self.w_max, self.w_max_time, self.probes = target, obs.time, 0
+            self.startup_rate = None
+            return target + self.increase_step
+        return max(target * self.slow_start_factor, target + self.increase_step)
+
     # -- the rule --------------------------------------------------------------------------------------------
     def next_target(self, target: float, obs: Observation) -> float:
         self._track_idle(obs)
+        rate = self._rate(obs)
         factor = self._rescale(obs)
         if factor is not None:
             if self.w_max is not None:
@@ -150,16 +175,17 @@ class Adaptive:
         if obs.waiting_capacity > 0:
             served = sustainable(obs)
             self.samples.append((obs.time, obs.running))
-            self.probes = 0
+            self.probes, self.startup_rate = 0, None
             if served is None:  # none of the queue is ours
                 return target
             self.w_max, self.w_max_time = served, obs.time
             return min(target, self.decrease_factor * served)
         if obs.inflight < self.near_full * target:
+            self.startup_rate = None  # an application-limited poll says nothing about the last doubling
             return target
         goal = self.goal(obs)
         if goal is None:
-            return max(target * self.slow_start_factor, target + self.increase_step)
+            return self._startup(target, obs, rate)
         if target < self.slow_start_below * goal:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step)
