@@ -3,12 +3,16 @@
 What runs:
 
 * the emulator (``model_concurrency.emulator``, preset ``bge-m3``) in its own process on a free loopback port,
-  its simulated clock running ``--time-scale`` times faster than the wall (so is everything time-based below);
+  its simulated clock running ``--time-scale`` times faster than the wall (so is everything time-based below),
+  its engine slowed by ``--engine-speed`` so that the engine, not the Python HTTP stacks on two cores, is what
+  saturates when ``max_num_seqs`` drops (at full speed the capacity moves would never bind);
 * one adaptive model registered on it (AIMD, the production default), ceiling ``MODEL_MAX_CONCURRENCY=512``, the
   poll interval scaled with the emulator (12 s of emulated time);
-* ``map_concurrent`` over a lazy generator of ``--items`` items; each item POSTs ``/v1/embeddings`` with a shared
-  ``httpx.AsyncClient``; 1 % of the calls (a fixed, known set of items) fail in the client fn after their response;
-* every 30 s of emulated time, ``/admin/capacity`` moves the engine's ``max_num_seqs`` through 512, 64, 256, 128;
+* ``map_concurrent`` over a lazy generator of ``--items`` items; each item POSTs ``/v1/embeddings`` through a
+  minimal keep-alive HTTP/1.1 client (:class:`KeepAliveClient`; httpx's pool costs more CPU than everything else
+  at 512 in flight); 1 % of the calls (a fixed, known set of items) fail in the client fn after their response;
+* every 30 s of emulated time, ``/admin/capacity`` moves the engine's ``max_num_seqs`` through 512, 64, 256, 128
+  (``target_by_step`` reports the target's range and the share of saturated polls in each step);
 * a side task sleeps 10 ms in a loop and records how late it wakes: the event loop's lag.
 
 What it checks and reports: every item accounted for (a result or its own injected exception, nothing else),
@@ -17,12 +21,14 @@ process (and of the emulator's), event-loop lag p50/p99/max, the target's range,
 an invariant fails.
 
     .venv/bin/python benchmarks/soak.py [--items 200000] [--time-scale 10] [--change-every 30] [--fail-every 100]
+                                        [--engine-speed 0.02] [--max-inflight 512]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -103,10 +109,22 @@ class KeepAliveClient:
     idle connections and speaks just enough HTTP/1.1 for the emulator (Content-Length bodies).
     """
 
+    IDLE_S = 3.0  # uvicorn closes keep-alive connections idle for 5 s; never reuse one near that age
+
     def __init__(self, url: str) -> None:
         parts = httpx.URL(url)
         self.host, self.port = parts.host, parts.port or 80
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+
+    async def _connection(self, fresh: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        now = time.monotonic()
+        while self.idle and not fresh:
+            reader, writer, since = self.idle.pop()
+            if now - since < self.IDLE_S:
+                return reader, writer, False
+            writer.close()
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        return reader, writer, True
 
     async def post_json(self, path: str, payload: bytes) -> tuple[int, bytes]:
         head = (
@@ -114,8 +132,7 @@ class KeepAliveClient:
             f"Content-Length: {len(payload)}\r\n\r\n"
         ).encode()
         for attempt in range(2):
-            fresh = not self.idle
-            reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+            reader, writer, fresh = await self._connection(fresh=attempt > 0)
             try:
                 writer.write(head + payload)
                 status_line = await reader.readline()
@@ -133,21 +150,21 @@ class KeepAliveClient:
                 body = await reader.readexactly(length)
             except (ConnectionError, asyncio.IncompleteReadError):
                 writer.close()
-                if fresh or attempt:
+                if fresh:
                     raise
-                continue  # a stale idle connection: retry once on a fresh one
+                continue  # a reused connection the server had closed: retry once on a fresh one
             except BaseException:
                 writer.close()  # cancelled or broken mid-exchange: the connection is unusable
                 raise
             if close:
                 writer.close()
             else:
-                self.idle.append((reader, writer))
+                self.idle.append((reader, writer, time.monotonic()))
             return status, body
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        for _, writer in self.idle:
+        for _, writer, _ in self.idle:
             writer.close()
         self.idle.clear()
 
@@ -157,7 +174,7 @@ class Tally:
     inflight: int = 0
     peak_inflight: int = 0
     calls: int = 0
-    targets: list[int] = field(default_factory=list)
+    targets: list[tuple[float, int, bool]] = field(default_factory=list)  # (time, target, saturated)
     lags: list[float] = field(default_factory=list)
     changes: list[tuple[float, int]] = field(default_factory=list)
 
@@ -192,7 +209,7 @@ async def target_watch(tally: Tally, stop: asyncio.Event, every_s: float) -> Non
     while not stop.is_set():
         controller = controller_for(MODEL)
         if controller is not None:
-            tally.targets.append(controller.peek())
+            tally.targets.append((time.monotonic(), controller.peek(), controller.core.saturated))
         await asyncio.sleep(every_s)
 
 
@@ -201,6 +218,9 @@ async def soak(args: argparse.Namespace, emu: Emulator) -> dict[str, Any]:
     from model_concurrency.gate import registered_limiters
 
     register_model(MODEL, base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=8)
+    if args.engine_speed != 1.0:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as admin:
+            (await admin.post(f"{emu.url}/admin/capacity", json={"speed": args.engine_speed})).raise_for_status()
     tally = Tally()
     stop = asyncio.Event()
     client = KeepAliveClient(emu.url)
@@ -258,9 +278,8 @@ async def soak(args: argparse.Namespace, emu: Emulator) -> dict[str, Any]:
         "permits_held": limiter.inflight(),
         "waiting": limiter.waiting,
         "peak_inflight": tally.peak_inflight,
-        "target_min": min(tally.targets, default=None),
-        "target_max": max(tally.targets, default=None),
         "capacity_changes": len(tally.changes),
+        "target_by_step": target_by_step(tally, started),
         "gate_calls": stats.calls,
         "gate_errors": stats.errors,
         "elapsed_s": elapsed,
@@ -270,6 +289,19 @@ async def soak(args: argparse.Namespace, emu: Emulator) -> dict[str, Any]:
         "lag_max_ms": 1000 * lags[-1] if lags else None,
         "client_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def target_by_step(tally: Tally, started: float) -> str:
+    """``max_num_seqs: target min-max (saturated share)`` for each capacity step, in order."""
+    bounds = [(started, SCHEDULE[0]), *tally.changes, (float("inf"), 0)]
+    steps = []
+    for (begin, seqs), (end, _) in itertools.pairwise(bounds):
+        seen = [(t, sat) for when, t, sat in tally.targets if begin <= when < end]
+        if seen:
+            targets = [t for t, _ in seen]
+            share = sum(1 for _, sat in seen if sat) / len(seen)
+            steps.append(f"{seqs}: {min(targets)}-{max(targets)} ({share:.0%} sat)")
+    return "; ".join(steps)
 
 
 async def report_progress(tally: Tally, total: int, started: float, stop: asyncio.Event) -> None:
@@ -297,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=10.0, help="emulated seconds per wall second")
     parser.add_argument("--change-every", type=float, default=30.0, help="emulated seconds between capacity moves")
     parser.add_argument("--fail-every", type=int, default=100, help="1 call in N fails in the client fn")
+    parser.add_argument(
+        "--engine-speed",
+        type=float,
+        default=0.02,
+        help="emulated engine speed factor: slow enough that the engine, not the Python HTTP stack, is the limit",
+    )
     parser.add_argument("--max-inflight", type=int, default=512, help="the ceiling (MODEL_MAX_CONCURRENCY)")
     args = parser.parse_args(argv)
 
