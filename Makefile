@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= sims/gpu-added.toml
-POLICY ?= aimd
+POLICY ?= adaptive
 
 .PHONY: setup sim test lint bench clean
 

@@ -13,7 +13,12 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="simulate a scenario (sims/*.toml) under a policy", description=__doc__)
     p.add_argument("scenario", type=Path, help="scenario TOML file, e.g. sims/gpu-added.toml")
-    p.add_argument("--policy", default="aimd", help="built-in name, preset name, .toml path or module:Class")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="built-in name, preset name, .toml path or module:Class (default: MODEL_CONCURRENCY_POLICY, "
+        "else adaptive)",
+    )
     p.add_argument("--plot", type=Path, help="write a PNG of target, in-flight, running and capacity-waiting")
     p.add_argument("--json", type=Path, help="write the summary (and scenario facts) as JSON")
     p.add_argument("--scale", type=float, default=1.0, help="shorten the run: multiply durations by this (0-1]")
@@ -29,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from model_concurrency.lab.scenario import load_scenario
     from model_concurrency.policies.registry import load_policy
 
+    from model_concurrency import config
+
+    if args.policy is None:
+        args.policy = config.setting(*config.POLICY)
     scenario = load_scenario(args.scenario).scaled(args.scale)
     load_policy(args.policy)  # fail fast, with the loader's message, before simulating anything
     with progress_bar(scenario.duration_s, f"{scenario.name} / {args.policy}", enabled=not args.quiet) as update:
