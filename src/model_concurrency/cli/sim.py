@@ -28,13 +28,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from model_concurrency import config
     from model_concurrency.cli._output import print_table, progress_bar
     from model_concurrency.lab.plot import plot_run
     from model_concurrency.lab.run import run_scenario
     from model_concurrency.lab.scenario import load_scenario
     from model_concurrency.policies.registry import load_policy
-
-    from model_concurrency import config
 
     if args.policy is None:
         args.policy = config.setting(*config.POLICY)
