@@ -15,7 +15,6 @@ running series for the model, a malformed answer, or an implausible value is a f
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
 import httpx
@@ -24,7 +23,6 @@ from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
     KV_USAGE,
-    MAX_PLAUSIBLE,
     PREEMPTIONS,
     QUEUE_COUNT,
     QUEUE_SUM,
@@ -33,6 +31,7 @@ from model_concurrency.signals.vllm import (
     WAITING,
     WAITING_BY_REASON,
     MetricsError,
+    check_plausible,
 )
 
 __all__ = ["PrometheusSource", "promql_string"]
@@ -69,18 +68,12 @@ def _vector(text: str) -> list[tuple[dict[str, str], float]]:
         raise MetricsError(f"malformed prometheus answer: {type(exc).__name__}: {exc}") from None
 
 
-def _plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
-    if not math.isfinite(value) or value < 0 or value > upper:
-        raise MetricsError(f"implausible value {value!r} for {name}")
-    return value
-
-
 def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict[str, str], float]]) -> EngineSnapshot:
     totals: dict[str, float] = {}
     capacity: float | None = None
     for labels, value in summed:
         name = labels.get("__name__", "")
-        _plausible(name, value)
+        check_plausible(name, value)
         if name == WAITING_BY_REASON:
             if "capacity" in labels.get("reason", "").lower():
                 capacity = (capacity or 0.0) + value
@@ -88,7 +81,7 @@ def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict
         totals[name] = totals.get(name, 0.0) + value
     if RUNNING not in totals:
         raise MetricsError(f"prometheus has no {RUNNING} series for the model")
-    kv = [_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
+    kv = [check_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
     return EngineSnapshot(
         running=totals[RUNNING],
         waiting=totals.get(WAITING, 0.0),

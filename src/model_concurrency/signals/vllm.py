@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model_concurrency.observation import EngineSnapshot
 
-__all__ = ["MAX_PLAUSIBLE", "MetricsError", "parse_vllm_metrics"]
+__all__ = ["MAX_PLAUSIBLE", "MetricsError", "check_plausible", "parse_vllm_metrics"]
 
 # No engine runs ten million requests; a gauge above this is a broken exporter, not a busy GPU.
 MAX_PLAUSIBLE = 1e7
@@ -52,7 +52,8 @@ def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
         raise MetricsError(f"unparseable metrics page: {type(exc).__name__}: {exc}") from None
 
 
-def _check(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
+def check_plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
+    """The value, or :class:`MetricsError` if it is not finite, negative, or above ``upper``."""
     if not math.isfinite(value) or value < 0 or value > upper:
         raise MetricsError(f"implausible value {value!r} for {name}")
     return value
@@ -83,10 +84,10 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
                 kv_blocks = (kv_blocks or 0) + int(blocks)
             continue
         if name in KV_USAGE:
-            _check(name, value, upper=1.0)
+            check_plausible(name, value, upper=1.0)
             kv_usage = value if kv_usage is None else max(kv_usage, value)
             continue
-        _check(name, value)
+        check_plausible(name, value)
         if name == WAITING_BY_REASON:
             # One release spelt the reason out in prose; anything mentioning capacity is the capacity reason.
             if "capacity" in labels.get("reason", "").lower():
