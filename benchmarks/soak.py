@@ -6,8 +6,8 @@ What runs:
   its simulated clock running ``--time-scale`` times faster than the wall (so is everything time-based below),
   its engine slowed by ``--engine-speed`` so that the engine, not the Python HTTP stacks on two cores, is what
   saturates when ``max_num_seqs`` drops (at full speed the capacity moves would never bind);
-* one adaptive model registered on it (AIMD, the production default), ceiling ``MODEL_MAX_CONCURRENCY=512``, the
-  poll interval scaled with the emulator (12 s of emulated time);
+* one adaptive model registered on it (``--policy``, default the configured one), ceiling
+  ``MODEL_MAX_CONCURRENCY=512``, the poll interval scaled with the emulator (12 s of emulated time);
 * ``map_concurrent`` over a lazy generator of ``--items`` items; each item POSTs ``/v1/embeddings`` through a
   minimal keep-alive HTTP/1.1 client (:class:`KeepAliveClient`; httpx's pool costs more CPU than everything else
   at 512 in flight); 1 % of the calls (a fixed, known set of items) fail in the client fn after their response;
@@ -21,7 +21,7 @@ process (and of the emulator's), event-loop lag p50/p99/max, the target's range,
 an invariant fails.
 
     .venv/bin/python benchmarks/soak.py [--items 200000] [--time-scale 10] [--change-every 30] [--fail-every 100]
-                                        [--engine-speed 0.02] [--max-inflight 512]
+                                        [--engine-speed 0.02] [--max-inflight 512] [--policy NAME]
 """
 
 from __future__ import annotations
@@ -217,7 +217,9 @@ async def soak(args: argparse.Namespace, emu: Emulator) -> dict[str, Any]:
     from model_concurrency import gate_stats, map_concurrent, register_model
     from model_concurrency.gate import registered_limiters
 
-    register_model(MODEL, base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=8)
+    register_model(
+        MODEL, base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=8, policy=args.policy
+    )
     if args.engine_speed != 1.0:
         async with httpx.AsyncClient(timeout=10, trust_env=False) as admin:
             (await admin.post(f"{emu.url}/admin/capacity", json={"speed": args.engine_speed})).raise_for_status()
@@ -265,7 +267,11 @@ async def soak(args: argparse.Namespace, emu: Emulator) -> dict[str, Any]:
     limiter = registered_limiters()[MODEL]
     lags = sorted(tally.lags)
     stats = gate_stats(MODEL)
+    from model_concurrency.hooks import controller_for
+
+    controller = controller_for(MODEL)
     return {
+        "policy": type(controller.core.policy).__name__ if controller is not None else None,
         "items": args.items,
         "results": len(results),
         "ok": ok,
@@ -335,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.02,
         help="emulated engine speed factor: slow enough that the engine, not the Python HTTP stack, is the limit",
     )
+    parser.add_argument("--policy", help="policy for the model (default: MODEL_CONCURRENCY_POLICY or the built-in)")
     parser.add_argument("--max-inflight", type=int, default=512, help="the ceiling (MODEL_MAX_CONCURRENCY)")
     args = parser.parse_args(argv)
 

@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
+import os
+import subprocess
+import sys
 import traceback
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
 from urllib.parse import urlsplit
 
 import pytest
@@ -248,24 +249,36 @@ def test_token_with_a_trailing_newline_appears_nowhere(
     assert TOKEN not in text
 
 
-def test_watch_once_output_has_no_token(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
-    from model_concurrency.cli import build_parser, main
+CLI = "import sys; from model_concurrency.cli import main; sys.exit(main(sys.argv[1:]))"
 
-    parser = build_parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices  # type: ignore[union-attr]
-    if "watch" not in (commands or {}):
-        pytest.skip("model-concurrency watch does not exist yet")
+
+@pytest.mark.parametrize("answer", ["200", "401", "500"])
+def test_watch_once_output_has_no_token(answer: str, tmp_path: object) -> None:
+    """The real command in a subprocess, verbose, its token from the environment: stdout and stderr are clean."""
     from pathlib import Path
 
-    monkeypatch.setenv("MY_VLLM_KEY", TOKEN)
-    with fault_server(page(b"no", status=401)) as server:
+    from model_concurrency.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices  # type: ignore[union-attr]
+    if "watch" not in (commands or {}):
+        pytest.skip("model-concurrency watch does not exist in this tree")
+    with fault_server(SCENARIOS[answer]) as server:
         path = Path(str(tmp_path)) / "models.toml"
-        path.write_text(f'[models.m]\nbase_url = "{server.url}/v1"\napi_key_env = "MY_VLLM_KEY"\n')
-        monkeypatch.setenv("MODEL_CONCURRENCY_CONFIG", str(path))
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            main(["-v", "watch", "--once"])
-    assert TOKEN not in out.getvalue() + err.getvalue()
+        path.write_text(
+            f'[models.m]\nbase_url = "{server.url}/v1"\nserved_model_name = "{LLAMA}"\napi_key_env = "MY_VLLM_KEY"\n'
+        )
+        env = {**os.environ, "MY_VLLM_KEY": TOKEN, "MODEL_CONCURRENCY_POLL_S": "0", "COLUMNS": "200"}
+        done = subprocess.run(
+            [sys.executable, "-c", CLI, "-v", "watch", "--once", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert auth_headers(server) and set(auth_headers(server)) == {f"Bearer {TOKEN}"}  # the token was used
+    assert done.returncode == 0, done.stderr
+    assert "m" in done.stdout and ("ok" in done.stdout if answer == "200" else "failed" in done.stdout)
+    assert TOKEN not in done.stdout + done.stderr
 
 
 def test_scrape_limits_repr_and_spec_equality_do_not_need_the_token() -> None:

@@ -30,6 +30,7 @@ from fault_servers import (
     FaultHandler,
     FaultServer,
     Fixed,
+    Responder,
     bounded,
     captured_log,
     fault_server,
@@ -94,8 +95,8 @@ Endpoint = Callable[[], AbstractContextManager[str]]
 
 
 @contextmanager
-def served(responder: Callable[[], object], host: str = "127.0.0.1") -> Iterator[str]:
-    with fault_server(responder(), host=host) as server:  # type: ignore[arg-type]
+def served(responder: Callable[[], Responder], host: str = "127.0.0.1") -> Iterator[str]:
+    with fault_server(responder(), host=host) as server:
         yield f"{server.url}/metrics"
 
 
@@ -130,7 +131,7 @@ def text_page(body: str, status: int = 200, headers: dict[str, str] | None = Non
     return functools.partial(served, lambda: page(body, status=status, headers=headers))
 
 
-def cut_short(body: bytes) -> Callable[[FaultHandler], None]:
+def cut_short(body: bytes) -> Responder:
     """Announces the whole page in Content-Length, sends half of it, and closes."""
 
     def respond(h: FaultHandler) -> None:
@@ -345,11 +346,6 @@ def test_trickled_status_line_is_bounded_by_the_deadline_async(
     check_failed_polls(caplog, [FLOOR], [FLOOR], "deadline")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: sync fetch_text enforces its deadline only between body chunks; a server trickling the status "
-    "line/headers blocks the polling caller far past the deadline (signals/scrape.py fetch_text)",
-)
 def test_trickled_status_line_is_bounded_by_the_deadline_sync(
     good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -361,7 +357,7 @@ def test_trickled_status_line_is_bounded_by_the_deadline_sync(
     assert controller is not None
     with endless_head() as url, caplog.at_level(logging.WARNING, "model_concurrency"):
         point(controller, url)
-        # The deadline is 0.5 s; 3 s is a hang guard. Today the call waits until the header exceeds h11's limit.
+        # The deadline is 0.5 s; 3 s is a hang guard (before the fix the call waited out h11's header limit).
         assert bounded(lambda: resolve_capacity("m"), limit_s=3) == FLOOR
     check_failed_polls(caplog, [FLOOR], [FLOOR], "deadline")
 
