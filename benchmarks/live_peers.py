@@ -205,7 +205,10 @@ async def ours_run(embed: Embed, items: list[int]) -> None:
 
 
 async def main(args: argparse.Namespace) -> list[Result]:
-    results = [await measure("model-concurrency (aimd)", ours_run, args, ours_setup(args))]
+    from model_concurrency import config
+
+    ours = f"model-concurrency ({config.setting(*config.POLICY)})"
+    results = [await measure(ours, ours_run, args, ours_setup(args))]
     results.append(await measure(f"static {FLOOR} (floor)", static(FLOOR), args, no_setup))
     statics = [await measure(f"static {n}", static(n), args, no_setup) for n in args.statics]
     best = min(statics, key=lambda r: r.makespan_s)
