@@ -259,7 +259,7 @@ def test_watch_once_output_has_no_token(answer: str, tmp_path: object) -> None:
 
     from model_concurrency.cli import build_parser
 
-    commands = next(a for a in build_parser()._actions if a.dest == "command").choices  # type: ignore[union-attr]
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     if "watch" not in (commands or {}):
         pytest.skip("model-concurrency watch does not exist in this tree")
     with fault_server(SCENARIOS[answer]) as server:

@@ -264,7 +264,7 @@ def _module_lock(name: str) -> Any:
     from model_concurrency import controller as controller_module
     from model_concurrency.gate import model_limiter, pool, stats
 
-    return {
+    locks: dict[str, Callable[[], Any]] = {
         "controller._cache_lock": lambda: controller_module._cache_lock,
         "model_limiter._registry_lock": lambda: model_limiter._registry_lock,
         "pool._pools_lock": lambda: pool._pools_lock,
@@ -272,7 +272,8 @@ def _module_lock(name: str) -> Any:
         "stats._lock": lambda: stats._lock,
         "a controller's _lock": lambda: controller_for("a")._lock,  # type: ignore[union-attr]
         "a limiter's _lock": lambda: limiter_for("a", FLOOR)._lock,
-    }[name]()
+    }
+    return locks[name]()
 
 
 NOT_RESET = pytest.mark.xfail(

@@ -320,10 +320,9 @@ def test_caller_cancelled_mid_run_with_calls_running_queued_and_timing_out(kind:
 
     async def main() -> None:
         limiter = limiter_for("m", LIMIT)
-        if kind.startswith("map"):
-            first = asyncio.ensure_future(map_concurrent(range(1000), fn, model="m", timeout=30))
-        else:
-            first = asyncio.ensure_future(consume())
+        first: asyncio.Future[Any] = asyncio.ensure_future(
+            map_concurrent(range(1000), fn, model="m", timeout=30) if kind.startswith("map") else consume()
+        )
         second = asyncio.ensure_future(map_concurrent(range(3), fn, model="m", return_exceptions=True, timeout=0.3))
         while limiter.inflight() < LIMIT or limiter.waiting == 0:
             await asyncio.sleep(0.005)
