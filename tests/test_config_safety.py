@@ -228,11 +228,6 @@ def test_token_from_a_config_file_env_var_appears_nowhere(
     assert TOKEN not in text + all_text(everything_logged)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an api_key with a control character (a trailing newline from a mounted secret) is echoed by h11 "
-    "in 'Illegal header value b'Bearer <token>\\n'' into the ScrapeError, the WARNING and last_error",
-)
 @pytest.mark.parametrize("suffix", ["\n"])
 def test_token_with_a_trailing_newline_appears_nowhere(
     suffix: str, everything_logged: pytest.LogCaptureFixture, clock: FakeClock

@@ -112,16 +112,8 @@ def raises(front: str, items: Iterable[int], afn: AFn, sfn: SFn, **kwargs: Any) 
 
 
 def cancelled_bug(front: str) -> Any:
-    if front == "sync-threads":
-        return front
-    return pytest.param(
-        front,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="BUG: map_concurrent loses an item whose fn raises CancelledError (results hold the internal "
-            "_PENDING sentinel; gate/aio.py _Run._run_item/_in_thread catch Exception only)",
-        ),
-    )
+    # Once a bug (an item whose fn raised CancelledError was lost); kept as a named case for every front.
+    return front
 
 
 # -- calls that raise ------------------------------------------------------------------------------------------------
@@ -354,16 +346,8 @@ async def ahalfway() -> AsyncIterator[int]:
 
 
 def iterator_bug(front: str) -> Any:
-    if front != "sync-threads":
-        return front
-    return pytest.param(
-        front,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="BUG: map_concurrent_sync re-raises an items-iterator error while its calls still run "
-            "(map_concurrent drains first; gate/threaded.py _SyncRun.execute)",
-        ),
-    )
+    # Once a bug (the sync front raised an iterator's error while calls still ran); kept for every front.
+    return front
 
 
 @pytest.mark.parametrize("front", [iterator_bug(f) for f in FRONTS])

@@ -120,6 +120,15 @@ class ModelSpec:
 
 
 _lock = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    # A parent thread may have held the registry lock at fork time; the child's copy would stay locked forever.
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _explicit: dict[str, ModelSpec] = {}
 _from_file: dict[str, ModelSpec] = {}
 _loaded_path: str | None = None
@@ -135,6 +144,13 @@ def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
         check_metrics_url(kwargs["metrics_url"])
     if kwargs.get("prometheus_url") is not None:
         check_metrics_url(kwargs["prometheus_url"])
+    api_key = kwargs.get("api_key")
+    if api_key is not None:
+        # A secret read from a mounted file often ends in a newline; HTTP forbids it in a header, and the
+        # resulting protocol error would quote the header, key included. Strip whitespace, refuse the rest.
+        api_key = kwargs["api_key"] = str(api_key).strip() or None
+        if api_key is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
+            raise ValueError(f"model {name!r}: api_key contains control characters")
     for knob in ("parallel_instances", "max_parallel_calls"):
         value = kwargs.get(knob, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -58,6 +58,12 @@ def raise_first(first: tuple[int, BaseException], more: list[tuple[int, BaseExce
     raise exc
 
 
+def _being_cancelled() -> bool:
+    """True when the current task has a cancellation request pending (as opposed to a callee raising one)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _post(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
     if future.done():
         return
@@ -300,6 +306,10 @@ class _Run:
                         result = await self.fn(value)
             except Exception as error:
                 exc = error
+            except asyncio.CancelledError as error:
+                if _being_cancelled():
+                    raise  # the caller (or the run) is cancelling this worker: not the item's outcome
+                exc = error  # fn itself raised CancelledError (e.g. it awaited a task someone cancelled)
             finally:
                 if limiter is not None:
                     limiter.release()
@@ -335,6 +345,10 @@ class _Run:
                         result = await result
             return result, None
         except Exception as exc:
+            return None, exc
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise
             return None, exc
         finally:
             job.settle()
@@ -420,6 +434,8 @@ async def map_concurrent(
         streaming=False,
     )
     await run.execute()
+    if any(r is _PENDING for r in run.results):  # a safety net: never hand back a result that was not produced
+        raise RuntimeError("map_concurrent: an item finished without a result or an exception (a bug)")
     return run.results
 
 

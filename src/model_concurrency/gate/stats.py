@@ -8,6 +8,7 @@ under its own lock in threads) and merges into the model's record when it ends.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field, replace
 
@@ -63,6 +64,15 @@ class GateStats:
 
 _books: dict[str, GateStats] = {}
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A parent thread may have held the lock at fork time; the child's copy would stay locked forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def merge_stats(key: str, tally: GateStats) -> None:

@@ -163,8 +163,18 @@ class _SyncRun:
         nested = limiter in outer
         self.holding = outer if nested else (*outer, limiter)
         pool = pool_for(target.key)
+        iterator = iter(items)
         try:
-            for value in items:
+            while True:
+                try:
+                    value = next(iterator)
+                except StopIteration:
+                    break
+                except Exception:
+                    # The caller's iterable failed: like map_concurrent, stop, let running calls finish, raise.
+                    self.stopped = True
+                    self._wait_all()
+                    raise
                 if self.stopped:
                     break
                 if target.due():

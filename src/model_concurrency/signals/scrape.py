@@ -121,6 +121,11 @@ class _Body:
         return b"".join(self.parts).decode("utf-8", errors="replace")
 
 
+def _redacted(message: str, secret: str | None) -> str:
+    """Some transport errors quote the request (h11 quotes an illegal header value): never pass a key on."""
+    return message.replace(secret, "<redacted>") if secret else message
+
+
 def _headers(url: httpx.URL, token_origin: tuple[str, str, int | None] | None, api_key: str | None) -> dict[str, str]:
     headers = {"Accept": "text/plain", "Accept-Encoding": "gzip, identity"}
     if api_key and token_origin is not None and origin_of(url) == token_origin:
@@ -172,6 +177,9 @@ async def afetch_text(
     limits: ScrapeLimits = ScrapeLimits(),
 ) -> str:
     """Non-blocking fetch for event loops: timeout per operation, one deadline over the whole exchange."""
+    if api_key is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
+        # Refused before any HTTP library sees it: their protocol errors and debug logs quote header values.
+        raise ScrapeError("api_key contains control characters; not sent")
     deadline = time.monotonic() + limits.deadline_s
     current = httpx.URL(url)
 
@@ -197,4 +205,4 @@ async def afetch_text(
     except TimeoutError:
         raise ScrapeError(f"metrics fetch exceeded its {limits.deadline_s:g}s deadline") from None
     except _TRANSPORT_ERRORS as exc:
-        raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
+        raise ScrapeError(_redacted(f"{type(exc).__name__}: {exc}".rstrip(": "), api_key)) from None
