@@ -77,6 +77,12 @@ class Adaptive:
     window_polls: int = 10
     window_s: float = 600.0
     idle_s: float = 120.0
+    restore_fraction: float = 0.9
+    kv_high: float = 0.92
+    cut_on_preemption: bool = True
+    probe_headroom: bool = True
+    engine_full_exit: bool = True
+    full_is_saturated: bool = True
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -84,6 +90,7 @@ class Adaptive:
     idle_since: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
+    startup_load: tuple[float, float] | None = field(default=None, init=False)
     samples: deque[tuple[float, float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,12 +114,16 @@ class Adaptive:
             raise ValueError(f"window_polls must be an int >= 1, got {self.window_polls!r}")
         if not (self.window_s > 0 and self.idle_s >= 0):
             raise ValueError("window_s must be > 0 and idle_s >= 0")
+        if not 0 <= self.restore_fraction <= 1:
+            raise ValueError(f"restore_fraction must be in [0, 1], got {self.restore_fraction}")
+        if not 0 < self.kv_high <= 1:
+            raise ValueError(f"kv_high must be in (0, 1], got {self.kv_high}")
         self.samples = deque(maxlen=self.window_polls)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
     def capacity(self, now: float) -> float | None:
         """The engine's concurrency capacity (server-wide running while saturated), windowed maximum."""
-        while self.samples and now - self.samples[0][0] > self.window_s:
+        while len(self.samples) > 1 and now - self.samples[0][0] > self.window_s:
             self.samples.popleft()
         return max(r for _, r in self.samples) if self.samples else None
 
@@ -144,6 +155,19 @@ class Adaptive:
         factor = blocks / before
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
+    def _saturated(self, obs: Observation) -> bool:
+        """Capacity-waiting, or (KV-bound engines) preemptions since the last poll or KV usage at ``kv_high``."""
+        if obs.waiting_capacity > 0:
+            return True
+        if self.cut_on_preemption and obs.preemptions > 0:
+            return True
+        if self.full_is_saturated and obs.running > 0:
+            capacity = self.capacity(obs.time)
+            if capacity is not None and capacity - 0.5 <= obs.running <= capacity + 0.5:
+                return True
+        kv = obs.kv_cache_usage
+        return self.kv_high < 1 and kv is not None and kv >= self.kv_high
+
     def _rate(self, obs: Observation) -> float | None:
         """Our own completions per second since the previous poll, or None on the first poll."""
         before, self.last_time = self.last_time, obs.time
@@ -152,12 +176,24 @@ class Adaptive:
         return obs.client_calls / (obs.time - before)
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
-        """The first ramp: double, unless the last doubling bought too little throughput (the pipe is full)."""
+        """The first ramp: double, unless the last doubling bought too little (the pipe is full).
+
+        Two full-pipe tests: our completion rate rose by less than ``startup_exit`` (alone on the engine), or the
+        engine's ``running`` rose by less than half of our own increase in flight (the engine is full and our
+        growth only displaced other clients, whose own rates fall while ours rises)."""
         previous, self.startup_rate = self.startup_rate, rate
+        load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
         if previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-            self.startup_rate = None
+            self.startup_rate = self.startup_load = None
             return target + self.increase_step
+        if self.engine_full_exit and load is not None:
+            grew = obs.inflight - load[0]
+            if grew > 0 and obs.running - load[1] < 0.5 * grew:
+                before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
+                self.w_max, self.w_max_time, self.probes = before, obs.time, 0
+                self.startup_rate = self.startup_load = None
+                return before + self.increase_step
         return max(target * self.slow_start_factor, target + self.increase_step)
 
     # -- the rule --------------------------------------------------------------------------------------------
@@ -172,27 +208,42 @@ class Adaptive:
             self.probes = 0
             if factor < 1 or obs.inflight >= self.near_full * target:
                 return target * factor
-        if obs.waiting_capacity > 0:
+        if self._saturated(obs):
             served = sustainable(obs)
             self.samples.append((obs.time, obs.running))
-            self.probes, self.startup_rate = 0, None
+            self.probes, self.startup_rate, self.startup_load = 0, None, None
             if served is None:  # none of the queue is ours
                 return target
             self.w_max, self.w_max_time = served, obs.time
             return min(target, self.decrease_factor * served)
         if obs.inflight < self.near_full * target:
-            self.startup_rate = None  # an application-limited poll says nothing about the last doubling
+            self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
+        return min(self._grow(target, obs, rate), max(target, self._kv_cap(obs)))
+
+    def _kv_cap(self, obs: Observation) -> float:
+        """The most our in-flight count may grow to before KV usage (proportional to load) reaches ``kv_high``."""
+        kv = obs.kv_cache_usage
+        if self.kv_high >= 1 or kv is None or not kv > 0:
+            return math.inf
+        return obs.inflight * self.kv_high / kv
+
+    def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
         goal = self.goal(obs)
         if goal is None:
             return self._startup(target, obs, rate)
         if target < self.slow_start_below * goal:
             self.probes = 0
-            grown = max(target * self.slow_start_factor, target + self.increase_step)
+            grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
             return min(grown, max(self.decrease_factor * goal, target + self.increase_step))
         if target + self.increase_step <= goal:
             self.probes = 0
             return target + self.increase_step
-        step = self.increase_step * self.probe_growth**self.probes
+        step = min(self.increase_step * self.probe_growth**self.probes, target)
+        capacity = self.capacity(obs.time)
+        if self.probe_headroom and capacity is not None and obs.running <= capacity:
+            room = max(self.increase_step, own_share(obs) * (capacity - obs.running - obs.waiting))
+            if room < step:
+                return target + room  # the engine is full: a probe would only displace other clients
         self.probes += 1
-        return target + min(step, target)
+        return target + step

@@ -63,8 +63,15 @@ class Gradient:
     long_decay: float = 0.95
     app_limited: float = 0.5
     throttle_factor: float = 0.8
+    slow_start_factor: float = 2.0
+    startup_exit: float = 1.15
+    restart_below: float = 0.25
     long_latency: float | None = field(default=None, init=False)
     short_latency: float | None = field(default=None, init=False)
+    ramping: bool = field(default=True, init=False)
+    ramp_rate: float | None = field(default=None, init=False)
+    level: float = field(default=0.0, init=False)
+    last_time: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.tolerance >= 1:
@@ -85,6 +92,12 @@ class Gradient:
             raise ValueError(f"app_limited must be in [0, 1], got {self.app_limited}")
         if not 0 < self.throttle_factor < 1:
             raise ValueError(f"throttle_factor must be in (0, 1), got {self.throttle_factor}")
+        if not self.slow_start_factor >= 1:
+            raise ValueError(f"slow_start_factor must be >= 1, got {self.slow_start_factor}")
+        if not self.startup_exit >= 1:
+            raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
+        if not 0 <= self.restart_below < 1:
+            raise ValueError(f"restart_below must be in [0, 1), got {self.restart_below}")
 
     def _update_latency(self, latency: float) -> tuple[float, float]:
         if self.long_latency is None or self.short_latency is None:
@@ -97,15 +110,42 @@ class Gradient:
         self.long_latency, self.short_latency = long, short
         return long, short
 
+    def _rate(self, obs: Observation) -> float | None:
+        """This process's completions per second since the previous poll (None on the first)."""
+        before, self.last_time = self.last_time, obs.time
+        if before is None or obs.time <= before:
+            return None
+        return obs.client_calls / (obs.time - before)
+
+    def _ramp(self, target: float, rate: float | None) -> float | None:
+        """Slow start: double while a doubling still buys ``startup_exit`` × the completion rate; None once done."""
+        if not self.ramping:
+            return None
+        previous, self.ramp_rate = self.ramp_rate, rate
+        if previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
+            self.ramping, self.ramp_rate = False, None
+            return None
+        return target * self.slow_start_factor
+
     def next_target(self, target: float, obs: Observation) -> float:
+        rate = self._rate(obs)
         if obs.client_throttled > 0:
+            self.ramping, self.ramp_rate = False, None
             return self.throttle_factor * target
         latency = obs.client_latency_mean_s
         if latency is None or not (math.isfinite(latency) and latency > 0):
             return target
         long, short = self._update_latency(latency)
         if obs.inflight < self.app_limited * target:
+            self.ramp_rate = None  # an application-limited poll says nothing about the last doubling
             return target
+        if self.slow_start_factor > 1:
+            if target < self.restart_below * self.level:  # dropped far below (a metrics outage's floor)
+                self.ramping, self.level = True, 0.0
+            ramped = self._ramp(target, rate)
+            if ramped is not None:
+                return ramped
+        self.level = max(self.level, target)
         gradient = min(1.0, max(self.min_gradient, self.tolerance * long / short))
         estimate = target * gradient + max(self.queue_size, self.queue_fraction * target)
         return (1 - self.smoothing) * target + self.smoothing * estimate
