@@ -54,9 +54,75 @@ def test_a_saturated_poll_cuts_to_0_9_of_the_served_share_then_climbs_by_one() -
     assert p.next_target(300, saturated(300, running=256, time=0.0)) == pytest.approx(0.9 * 256)
     assert p.w_max == 256
     assert p.next_target(230.4, full(230.4, time=12.0)) == pytest.approx(231.4)
-    # At the goal it probes by one, then two.
-    assert p.next_target(255.5, full(255.5, time=24.0)) == pytest.approx(256.5)
-    assert p.next_target(256.5, full(256.5, time=36.0)) == pytest.approx(258.5)
+    # Back at the capacity the engine ran while saturated (256 ± 0.5), nothing waits yet but every slot is
+    # taken: that counts as saturated too (cut to 0.9 × the 255 in flight), so the cycle needs no queue to turn.
+    assert p.next_target(255.5, full(255.5, time=24.0)) == pytest.approx(0.9 * 255)
+
+
+def test_probes_accelerate_only_where_the_engine_runs_more_than_its_known_capacity() -> None:
+    p = Adaptive()
+    p.next_target(300, saturated(300, running=256, time=0.0))
+    # The engine runs 300 > 256 without a queue: capacity grew without a KV-block signal, probe +1, +2, +4.
+    t = 257.0
+    for i, expected in enumerate([258.0, 260.0, 264.0]):
+        t = p.next_target(t, full(t, time=12.0 + 12.0 * i, running=300))
+        assert t == expected
+
+
+def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() -> None:
+    p = Adaptive()
+    # 32 clients on 1024 slots: we saw it saturated with 40 of ours in flight (cut to 0.9 × 40 × 1024 / 1034).
+    p.next_target(40, Observation(running=1024, waiting=10, waiting_capacity=10, inflight=40, time=0.0))
+    assert p.w_max == pytest.approx(40 * 1024 / 1034)
+    # Above the goal (40 / 1000 × 1024 = 40.96), with 1000 of the 1024 slots running: our share of the 24 free is
+    # 40 / 1000 × 24 = 0.96, so +1 (the first probe step), and then +1 however long that lasts: the probe step
+    # stays at 2 (one probe counted) instead of doubling into other clients' share.
+    for i in range(3):
+        assert p.next_target(40, full(40, time=12.0 * (i + 1), running=1000)) == 41
+    assert p.probes == 1
+    # Half the engine free: our share of its capacity (50 / 500 × 1024 = 102.4) is the goal; restore to 0.9 × it.
+    assert p.next_target(50, full(50, time=48.0, running=500)) == pytest.approx(0.9 * 102.4)
+
+
+def test_kv_usage_at_kv_high_or_preemptions_count_as_saturation() -> None:
+    p = Adaptive()
+    obs = Observation(running=50, inflight=50, kv_cache_usage=0.93, time=0.0)
+    assert p.next_target(50, obs) == pytest.approx(45)
+    assert p.w_max == 50 and p.capacity(0.0) == 50
+    q = Adaptive()
+    assert q.next_target(50, Observation(running=50, inflight=50, preemptions=2, time=0.0)) == pytest.approx(45)
+    # Both signals can be switched off.
+    r = Adaptive(kv_high=1.0, cut_on_preemption=False)
+    assert r.next_target(50, Observation(running=50, inflight=50, kv_cache_usage=0.99, preemptions=2)) == 100
+
+
+def test_growth_is_capped_by_the_kv_headroom() -> None:
+    p = Adaptive()
+    # Slow start from 32 at 60 % KV usage: doubling would need 120 %; 32 × 0.92 / 0.6 = 49.07 is the most.
+    obs = Observation(running=32, inflight=32, kv_cache_usage=0.6, time=0.0)
+    assert p.next_target(32, obs) == pytest.approx(32 * 0.92 / 0.6)
+    # Never a cut: above the cap already (usage 0.91 < kv_high) it holds.
+    assert p.next_target(60, Observation(running=50, inflight=50, kv_cache_usage=0.91, time=12.0)) == 60
+
+
+def test_slow_start_ends_when_the_engine_did_not_grow_with_us() -> None:
+    p = Adaptive()
+    # Another 31 clients fill the engine: our doubling 32 -> 64 raised its running by only 11.
+    assert p.next_target(32, full(32, time=0.0, running=1005)) == 64
+    # Back to the level before the doubling plus what the engine absorbed: max(64 / 2, 64 − 32 + 11) = 43, +1.
+    assert p.next_target(64, full(64, time=12.0, running=1016)) == 44
+    assert p.w_max == 43
+    q = Adaptive(engine_full_exit=False)
+    q.next_target(32, full(32, time=0.0, running=1005))
+    assert q.next_target(64, full(64, time=12.0, running=1016)) == 128
+
+
+def test_the_newest_capacity_sample_never_expires() -> None:
+    p = Adaptive(window_s=100.0)
+    p.next_target(300, saturated(300, running=256, time=0.0))
+    p.next_target(300, saturated(300, running=200, time=50.0))
+    assert p.capacity(60.0) == 256
+    assert p.capacity(1000.0) == 200
 
 
 def test_a_cut_never_raises_the_target_whatever_others_run() -> None:
@@ -77,13 +143,20 @@ def test_more_kv_blocks_scale_the_target_and_the_goal_at_once() -> None:
     assert p.next_target(464.8, full(464.8, time=36.0, blocks=2000)) == pytest.approx(232.4)
 
 
-def test_after_an_outage_dropped_it_to_the_floor_it_doubles_back_to_0_9_of_the_goal() -> None:
+def test_after_an_outage_dropped_it_to_the_floor_it_returns_to_0_9_of_the_goal_at_once() -> None:
     p = Adaptive()
     p.next_target(300, saturated(300, running=256, time=0.0))
     targets = [4.0]
-    for i in range(8):
+    for i in range(3):
         targets.append(p.next_target(targets[-1], full(targets[-1], time=1000.0 + 12.0 * i)))
-    assert targets == pytest.approx([4, 8, 16, 32, 64, 128, 230.4, 231.4, 232.4])
+    assert targets == pytest.approx([4, 230.4, 231.4, 232.4])
+    # restore_fraction=0 keeps the doubling: 4, 8, ..., 128, then 0.9 × 256.
+    q = Adaptive(restore_fraction=0.0)
+    q.next_target(300, saturated(300, running=256, time=0.0))
+    targets = [4.0]
+    for i in range(7):
+        targets.append(q.next_target(targets[-1], full(targets[-1], time=1000.0 + 12.0 * i)))
+    assert targets == pytest.approx([4, 8, 16, 32, 64, 128, 230.4, 231.4])
 
 
 def test_application_limited_holds_and_long_idle_forgets() -> None:
@@ -107,6 +180,8 @@ def test_application_limited_holds_and_long_idle_forgets() -> None:
         {"near_full": 1.5},
         {"window_polls": 0},
         {"rescale_threshold": 0.0},
+        {"restore_fraction": 1.5},
+        {"kv_high": 0.0},
     ],
 )
 def test_rejects_bad_parameters(bad: dict[str, float]) -> None:

@@ -24,7 +24,7 @@ def calls(latency: float | None, *, inflight: int = 100, throttled: int = 0, **g
 
 
 def test_gradient_grows_at_steady_latency() -> None:
-    policy = Gradient()
+    policy = Gradient(slow_start_factor=1)
     # First sample: long = short = 1 s, gradient min(1, 1.5) = 1; 0.5 × 100 + 0.5 × (100 + 25) = 112.5.
     assert policy.next_target(100, calls(1.0)) == 112.5
     assert policy.next_target(100, calls(1.0)) == 112.5
@@ -33,7 +33,7 @@ def test_gradient_grows_at_steady_latency() -> None:
 
 
 def test_gradient_shrinks_on_a_latency_step() -> None:
-    policy = Gradient(long_window=9)  # a_long = 0.2, short = the latest poll's mean
+    policy = Gradient(long_window=9, slow_start_factor=1)  # a_long = 0.2, short = the latest poll's mean
     policy.next_target(100, calls(1.0))
     # Step to 3 s: long = 1 + 0.2 × 2 = 1.4, short = 3, gradient = 1.5 × 1.4 / 3 = 0.7;
     # new = 0.5 × 100 + 0.5 × (70 + 25) = 97.5.
@@ -44,14 +44,14 @@ def test_gradient_shrinks_on_a_latency_step() -> None:
 
 
 def test_gradient_is_clamped_at_min_gradient() -> None:
-    policy = Gradient(long_window=9)
+    policy = Gradient(long_window=9, slow_start_factor=1)
     policy.next_target(100, calls(1.0))
     # long = 2.8, short = 10: 1.5 × 0.28 = 0.42 → 0.5; 0.5 × 100 + 0.5 × (50 + 25) = 87.5.
     assert policy.next_target(100, calls(10.0)) == 87.5
 
 
 def test_gradient_application_limited_hold_still_learns_latency() -> None:
-    policy = Gradient(long_window=9)
+    policy = Gradient(long_window=9, slow_start_factor=1)
     assert policy.next_target(100, calls(1.0, inflight=49)) == 100.0
     assert policy.long_latency == 1.0
     assert policy.next_target(100, calls(2.0, inflight=49)) == 100.0
@@ -59,7 +59,7 @@ def test_gradient_application_limited_hold_still_learns_latency() -> None:
 
 
 def test_gradient_shrinks_on_throttling_and_ignores_those_latencies() -> None:
-    policy = Gradient()
+    policy = Gradient(slow_start_factor=1)
     policy.next_target(100, calls(2.0))
     assert policy.next_target(100, calls(0.01, throttled=3)) == 80.0
     assert policy.next_target(100, calls(0.01, throttled=1, inflight=0)) == 80.0  # even when app-limited
@@ -67,24 +67,69 @@ def test_gradient_shrinks_on_throttling_and_ignores_those_latencies() -> None:
 
 
 def test_gradient_holds_without_latency_and_ignores_engine_gauges() -> None:
-    policy = Gradient()
+    policy = Gradient(slow_start_factor=1)
     assert policy.next_target(100, calls(None)) == 100.0
     assert policy.long_latency is None
-    loaded = Gradient()
+    loaded = Gradient(slow_start_factor=1)
     gauges: dict[str, Any] = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
-    assert loaded.next_target(100, calls(1.0, **gauges)) == Gradient().next_target(100, calls(1.0)) == 112.5
+    assert (
+        loaded.next_target(100, calls(1.0, **gauges))
+        == Gradient(slow_start_factor=1).next_target(100, calls(1.0))
+        == 112.5
+    )
 
 
 def test_gradient_decays_a_dragged_up_baseline() -> None:
-    policy = Gradient(long_window=9)
+    policy = Gradient(long_window=9, slow_start_factor=1)
     policy.next_target(100, calls(10.0))
     policy.next_target(100, calls(1.0))
     # long = 10 + 0.2 × (1 − 10) = 8.2 > 2 × short (1): decayed to 8.2 × 0.95.
     assert policy.long_latency == pytest.approx(7.79, rel=1e-12)
 
 
+def ramp_poll(time: float, completed: int, *, inflight: int = 100, latency: float = 1.0) -> Observation:
+    return Observation(inflight=inflight, time=time, client_calls=completed, client_latency_mean_s=latency)
+
+
+def test_gradient_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
+    policy = Gradient()
+    # Completions per 12 s poll: +100 %, +60 %, then +10 % (the pipe is full): 4, 8, 16, 32, then the Gradient2 rule.
+    targets = [4.0]
+    for i, completed in enumerate([0, 10, 20, 32, 35]):
+        t = targets[-1]
+        targets.append(policy.next_target(t, ramp_poll(12.0 * i, completed, inflight=int(t))))
+    # The fifth poll ends the ramp and applies the rule: 0.5 × 64 + 0.5 × (64 + max(4, 16)) = 72.
+    assert targets == [4, 8, 16, 32, 64, 72]
+    assert policy.ramping is False and policy.level == 64
+
+
+def test_gradient_restarts_slow_start_after_a_drop_below_a_quarter_of_its_level() -> None:
+    policy = Gradient()
+    policy.ramping, policy.level = False, 400.0
+    policy.next_target(400, ramp_poll(0.0, 100, inflight=400))  # sets last_time; 400 + 50 → 450
+    # The controller's fail-safe put it at the floor (4 < 0.25 × 450): doubling again, first poll without a rate test.
+    assert policy.next_target(4, ramp_poll(96.0, 3, inflight=4)) == 8
+    assert policy.ramping is True and policy.level == 0.0
+
+
+def test_gradient_throttling_ends_slow_start() -> None:
+    policy = Gradient()
+    assert policy.next_target(64, ramp_poll(0.0, 10)) == 128
+    assert policy.next_target(128, calls(0.01, throttled=2)) == pytest.approx(102.4)
+    assert policy.ramping is False
+
+
 def test_gradient_rejects_bad_parameters() -> None:
-    for bad in ({"tolerance": 0.9}, {"min_gradient": 0}, {"smoothing": 0}, {"queue_fraction": 1}, {"long_window": 0}):
+    for bad in (
+        {"tolerance": 0.9},
+        {"min_gradient": 0},
+        {"smoothing": 0},
+        {"queue_fraction": 1},
+        {"long_window": 0},
+        {"slow_start_factor": 0.5},
+        {"startup_exit": 0.9},
+        {"restart_below": 1.0},
+    ):
         with pytest.raises(ValueError):
             Gradient(**bad)
 
