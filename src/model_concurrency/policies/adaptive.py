@@ -26,6 +26,13 @@ sender learns, so the rules are, per poll:
   request or two, a capacity that grew without a KV-block signal is found in a few polls.
 * a long idle (``inflight == 0`` for ``idle_s``) forgets what was learnt and restarts slow start.
 
+Second round (docs/results.md, each for a measured miss): preemptions, KV usage ``>= kv_high`` and server-wide
+``running`` back at the capacity estimate also count as saturated; every growth is capped where KV usage would
+reach ``kv_high``; the first ramp also ends when the engine's ``running`` grew by less than half of our own
+increase (the engine is full, we only displace other clients); a probe on a full engine is capped by our share
+of its free slots; far below the goal (after the fail-safe's floor) it returns at once to
+``restore_fraction × goal``. Rules and parameters in full: docs/policies.md.
+
 The cost: a slow start that overshoots up to 2× on the very first ramp (cut at once to the served share), and a
 cycle of ``(1 − decrease_factor) × S / increase_step`` polls between saturations, below the capacity by at most
 ``1 − decrease_factor``: on the engines of the lab the knee lies lower still.
