@@ -8,7 +8,10 @@ into an :class:`~model_concurrency.observation.EngineSnapshot`. Bucket bounds ar
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +19,7 @@ from model_concurrency.engine.request import ABORT, LENGTH, STOP, Request
 
 __all__ = [
     "FINISHED_REASONS",
+    "FOLD_EVERY",
     "ITL_BUCKETS",
     "REQUEST_LATENCY_BUCKETS",
     "TTFT_BUCKETS",
@@ -35,15 +39,19 @@ REQUEST_LATENCY_BUCKETS = (
     960.0, 1920.0, 7680.0,
 )  # fmt: skip
 FINISHED_REASONS = (STOP, LENGTH, ABORT)
+# The engine folds deferred observations once this many finished requests are pending (bounded memory). The fold
+# points fix how each histogram's float ``sum`` is accumulated, so changing this changes results in the last bits.
+FOLD_EVERY = 8192
 
 
 class Histogram:
     """A Prometheus-style histogram: per-bucket counts (last one is +Inf), a sum and a count."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("_bounds_array", "bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
+        self._bounds_array = np.asarray(bounds, dtype=float)
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
         self.count = 0
@@ -70,6 +78,16 @@ class Histogram:
         self.sum += float(array.sum())
         self.count += len(values)
 
+    def observe_array(self, values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        """:meth:`observe_many` for a float64 array (the fold's path): counts, then the sum in numpy's order."""
+        if not len(values):
+            return
+        index = np.searchsorted(self._bounds_array, values, side="left")
+        for i, n in enumerate(np.bincount(index, minlength=len(self.counts)).tolist()):
+            self.counts[i] += n
+        self.sum += float(values.sum())
+        self.count += len(values)
+
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, cumulative count)`` pairs ending with ``(inf, count)``, as Prometheus exposes them."""
         out: list[tuple[float, int]] = []
@@ -80,35 +98,45 @@ class Histogram:
         return out
 
 
+_TIMES = attrgetter("arrival_time", "queued_time", "first_scheduled_time", "first_token_time", "finish_time")
+_FIRST_TIMES = attrgetter("first_token_time", "arrival_time")
+_REASON = attrgetter("finished_reason")
+_PROMPT = attrgetter("prompt_tokens")
+
+
 class EngineStats:
     """Cumulative counters of one engine since it (re)started.
 
-    Per-request histograms are filled lazily: the engine appends finished requests and first-token latencies to
-    ``pending_*`` lists (one list append in the hot path instead of four bisections) and :meth:`fold` buckets them
-    in one numpy pass whenever the stats are read (``Engine.stats``, a snapshot or a scrape). A reader therefore
-    always sees every request that finished up to now, exactly as if each had been observed when it happened.
+    Per-request bookkeeping is deferred: the engine's hot path only appends a request to ``pending_first`` when it
+    gets its first token and to ``pending_finished`` when it finishes (one list append each), and :meth:`fold`
+    turns those lists into the TTFT, e2e, queue, prefill and decode histograms, ``prompt_tokens`` and the
+    ``finished`` counts, with numpy and C-level attribute getters instead of Python loops. ``finished`` and
+    ``prompt_tokens`` are properties that fold first, and ``Engine.stats``, snapshots and scrapes fold too, so a
+    reader always sees every request up to now, exactly as if each had been counted when it happened. The fold
+    points (every read, and every :data:`FOLD_EVERY` finished requests) are what they were when each request was
+    observed as it happened, so the histograms' float sums are accumulated in the same batches.
     """
 
     __slots__ = (
+        "_finished",
+        "_prompt_tokens",
         "decode_time",
         "e2e",
-        "finished",
         "generation_tokens",
         "itl",
         "num_preemptions",
         "pending_finished",
-        "pending_ttft",
+        "pending_first",
         "prefill_time",
-        "prompt_tokens",
         "queue_time",
         "ttft",
     )
 
     def __init__(self) -> None:
         self.num_preemptions = 0
-        self.prompt_tokens = 0
+        self._prompt_tokens = 0
         self.generation_tokens = 0
-        self.finished: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
+        self._finished: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
@@ -116,24 +144,48 @@ class EngineStats:
         self.prefill_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self.decode_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self.pending_finished: list[Request] = []
-        self.pending_ttft: list[float] = []
+        self.pending_first: list[Request] = []
+
+    @property
+    def finished(self) -> dict[str, int]:
+        """``vllm:request_success_total`` by ``finished_reason`` (stop, length, abort, then any other reason)."""
+        self.fold()
+        return self._finished
+
+    @property
+    def prompt_tokens(self) -> int:
+        """``vllm:prompt_tokens_total``: prompt tokens of requests that got their first token."""
+        self.fold()
+        return self._prompt_tokens
 
     def fold(self) -> None:
-        """Bucket the deferred per-request observations (requests must not be resubmitted after finishing)."""
-        if self.pending_ttft:
-            self.ttft.observe_many(self.pending_ttft)
-            self.pending_ttft = []
+        """Bucket the deferred per-request observations (requests must not be resubmitted after finishing).
+
+        Values are computed exactly as the per-request code would (``first_token_time − arrival_time`` is the
+        ``now − arrival_time`` of the step that produced the first token; missing timestamps are NaN and
+        filtered out, as ``None`` was), in the same order, so counts and float sums are bit-identical.
+        """
+        first = self.pending_first
+        if first:
+            self.pending_first = []
+            times = np.array(list(map(_FIRST_TIMES, first)), dtype=float)
+            self.ttft.observe_array(times[:, 0] - times[:, 1])
+            self._prompt_tokens += sum(map(_PROMPT, first))
         done = self.pending_finished
         if not done:
             return
         self.pending_finished = []
-        self.e2e.observe_many([r.finish_time - r.arrival_time for r in done])  # type: ignore[operator]
-        self.queue_time.observe_many(
-            [r.first_scheduled_time - r.queued_time for r in done if r.first_scheduled_time is not None]  # type: ignore[operator]
-        )
-        served = [r for r in done if r.first_token_time is not None and r.finished_reason != ABORT]
-        self.prefill_time.observe_many([r.first_token_time - r.first_scheduled_time for r in served])  # type: ignore[operator]
-        self.decode_time.observe_many([r.finish_time - r.first_token_time for r in served])  # type: ignore[operator]
+        reasons = list(map(_REASON, done))
+        finished = self._finished
+        for reason, n in Counter(reasons).items():  # first-seen order, as the per-request ``get(reason, 0) + 1``
+            finished[reason] = finished.get(reason, 0) + n
+        arrival, queued, scheduled, first_token, finish = np.array(list(map(_TIMES, done)), dtype=float).T
+        self.e2e.observe_array(finish - arrival)
+        queue = scheduled - queued
+        self.queue_time.observe_array(queue[~np.isnan(scheduled)])
+        served = ~np.isnan(first_token) & np.fromiter(map(ABORT.__ne__, reasons), dtype=bool, count=len(reasons))
+        self.prefill_time.observe_array((first_token - scheduled)[served])
+        self.decode_time.observe_array((finish - first_token)[served])
 
     @property
     def success_total(self) -> int:
