@@ -400,6 +400,7 @@ class Engine:
             max_seqs = self.max_num_seqs
             prefilling = self.prefilling
             now = self.env.now
+            admissions = self._admissions
             while waiting and budget > 0 and len(running) < max_seqs:
                 r = waiting[0]
                 chunk = r.prefill_target
@@ -416,8 +417,8 @@ class Engine:
                 r.blocks = blocks
                 r.chunk = chunk
                 r.state = _PREFILL
-                self._admissions += 1
-                r.seq = self._admissions
+                admissions += 1
+                r.seq = admissions
                 running[r] = None
                 prefilling[r] = None
                 if r.first_scheduled_time is None:
@@ -425,6 +426,7 @@ class Engine:
                 sched.append(r)
                 tokens += chunk
                 quadratic += chunk * chunk
+            self._admissions = admissions
         self.free_blocks = free
         # Gauges as vLLM's scheduler stats: sampled right after scheduling.
         self.gauge_running = len(running)

@@ -36,6 +36,9 @@ class RequestState:
     FINISHED = 5
 
 
+_NEW = RequestState.NEW
+
+
 class Request:
     """A chat completion (``output_tokens`` ≥ 1) or an embedding (``embedding=True``, prefill only).
 
@@ -90,14 +93,15 @@ class Request:
         if not embedding and output_tokens < 1:
             raise ValueError(f"output_tokens must be >= 1 for a generative request, got {output_tokens}")
         self.id = next(_ids)
-        self.prompt_tokens = int(prompt_tokens)
+        # int() only for what is not already an int (numpy integers, floats): a request is built per call.
+        self.prompt_tokens = prompt_tokens if type(prompt_tokens) is int else int(prompt_tokens)
         # An embedding produces no tokens; 0 keeps token counters honest.
-        self.output_tokens = 0 if embedding else int(output_tokens)
+        self.output_tokens = 0 if embedding else output_tokens if type(output_tokens) is int else int(output_tokens)
         self.embedding = embedding
         # "stop" (the model ended the answer) or "length" (hit max_tokens): what request_success_total records.
         self.stop_reason = stop_reason
         self.tag = tag  # free for the caller (client id, item index...)
-        self.state = RequestState.NEW
+        self.state = _NEW
         self.computed = 0  # tokens whose KV is in the cache
         self.generated = 0  # output tokens sampled so far (kept across preemptions)
         self.prefill_target = self.prompt_tokens  # tokens to (re)compute before the next token is sampled
