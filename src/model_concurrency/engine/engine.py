@@ -37,6 +37,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import simpy
+from simpy.events import Timeout
 
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
@@ -347,7 +348,7 @@ class Engine:
                 self._wake = None
                 continue
             self._stepping = True
-            yield env.timeout(dt)
+            yield Timeout(env, dt)
             self._stepping = False
             if epoch != self._epoch:
                 return
@@ -587,8 +588,9 @@ class Engine:
                         server.on_request_finished(r)
                 if self.on_request_finished is not None:
                     self.on_request_finished(r)
-                if r.done is not None:
-                    r.done.succeed(r)
+                done = r.done
+                if done is not None:
+                    done.succeed(r)
                 elif r.on_finish is not None:
                     r.on_finish(r)
             self._n_decode -= len(finishing)
@@ -597,6 +599,11 @@ class Engine:
         sched = self._sched_prefills
         if sched:
             prefilling = self.prefilling
+            phases = self._phases
+            finish_at = self._finish_at
+            bs = self.block_size
+            joined = 0
+            offsets = 0
             for r in sched:
                 if r.state != _PREFILL:
                     continue  # preempted or aborted during the step
@@ -618,17 +625,18 @@ class Engine:
                     generated = r.generated = r.generated + 1
                     stats.generation_tokens += 1
                     if generated < r.output_tokens:
-                        # Join the decode aggregates (module docstring): from here progress follows the tick.
+                        # Join the decode aggregates (module docstring): from here progress follows the tick. The
+                        # count and offset sum are settled after the loop, like the finishing loop's.
                         offset = computed - tick
                         r.state = _DECODE
                         r.tick_base = tick
-                        self._n_decode += 1
-                        self._decode_offset_sum += offset
-                        self._phases[offset % self.block_size][r] = None
+                        joined += 1
+                        offsets += offset
+                        phases[offset % bs][r] = None
                         finish_tick = tick + r.output_tokens - generated
-                        bucket = self._finish_at.get(finish_tick)
+                        bucket = finish_at.get(finish_tick)
                         if bucket is None:
-                            self._finish_at[finish_tick] = [r]
+                            finish_at[finish_tick] = [r]
                         else:
                             bucket.append(r)
                         continue
@@ -654,11 +662,14 @@ class Engine:
                         server.on_request_finished(r)
                 if self.on_request_finished is not None:
                     self.on_request_finished(r)
-                if r.done is not None:
-                    r.done.succeed(r)
+                done = r.done
+                if done is not None:
+                    done.succeed(r)
                 elif r.on_finish is not None:
                     r.on_finish(r)
             sched.clear()
+            self._n_decode += joined
+            self._decode_offset_sum += offsets
 
     def _finish(self, r: Request, reason: str) -> None:
         """A request leaves the engine: timestamps, counters, the owning server's books, its completion signal.
