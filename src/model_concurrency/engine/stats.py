@@ -10,8 +10,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
-from operator import attrgetter
-from typing import Any
 
 import numpy as np
 
@@ -72,20 +70,10 @@ class Histogram:
         if not values:
             return
         array = np.asarray(values, dtype=float)
-        index = np.searchsorted(np.asarray(self.bounds), array, side="left")
+        index = np.searchsorted(self._bounds_array, array, side="left")
         for i, n in enumerate(np.bincount(index, minlength=len(self.counts)).tolist()):
             self.counts[i] += n
         self.sum += float(array.sum())
-        self.count += len(values)
-
-    def observe_array(self, values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
-        """:meth:`observe_many` for a float64 array (the fold's path): counts, then the sum in numpy's order."""
-        if not len(values):
-            return
-        index = np.searchsorted(self._bounds_array, values, side="left")
-        for i, n in enumerate(np.bincount(index, minlength=len(self.counts)).tolist()):
-            self.counts[i] += n
-        self.sum += float(values.sum())
         self.count += len(values)
 
     def cumulative(self) -> list[tuple[float, int]]:
@@ -98,23 +86,16 @@ class Histogram:
         return out
 
 
-_TIMES = attrgetter("arrival_time", "queued_time", "first_scheduled_time", "first_token_time", "finish_time")
-_FIRST_TIMES = attrgetter("first_token_time", "arrival_time")
-_REASON = attrgetter("finished_reason")
-_PROMPT = attrgetter("prompt_tokens")
-
-
 class EngineStats:
     """Cumulative counters of one engine since it (re)started.
 
     Per-request bookkeeping is deferred: the engine's hot path only appends a request to ``pending_first`` when it
     gets its first token and to ``pending_finished`` when it finishes (one list append each), and :meth:`fold`
     turns those lists into the TTFT, e2e, queue, prefill and decode histograms, ``prompt_tokens`` and the
-    ``finished`` counts, with numpy and C-level attribute getters instead of Python loops. ``finished`` and
-    ``prompt_tokens`` are properties that fold first, and ``Engine.stats``, snapshots and scrapes fold too, so a
-    reader always sees every request up to now, exactly as if each had been counted when it happened. The fold
-    points (every read, and every :data:`FOLD_EVERY` finished requests) are what they were when each request was
-    observed as it happened, so the histograms' float sums are accumulated in the same batches.
+    ``finished`` counts in a few list comprehensions and numpy passes. ``finished`` and ``prompt_tokens`` are
+    properties that fold first, and ``Engine.stats``, snapshots and scrapes fold too, so a reader always sees every
+    request up to now, exactly as if each had been counted when it happened. Folds happen at every read and every
+    :data:`FOLD_EVERY` finished requests, so each histogram's float ``sum`` is accumulated in fixed batches.
     """
 
     __slots__ = (
@@ -162,30 +143,30 @@ class EngineStats:
         """Bucket the deferred per-request observations (requests must not be resubmitted after finishing).
 
         Values are computed exactly as the per-request code would (``first_token_time − arrival_time`` is the
-        ``now − arrival_time`` of the step that produced the first token; missing timestamps are NaN and
-        filtered out, as ``None`` was), in the same order, so counts and float sums are bit-identical.
+        ``now − arrival_time`` of the step that produced the first token), in the same order, so counts and float
+        sums are bit-identical. List comprehensions, not ``map(attrgetter)`` or arrays of tuples: on Python 3.11
+        they are the fastest way to pull a slot out of thousands of objects (~25 ns each).
         """
         first = self.pending_first
         if first:
             self.pending_first = []
-            times = np.array(list(map(_FIRST_TIMES, first)), dtype=float)
-            self.ttft.observe_array(times[:, 0] - times[:, 1])
-            self._prompt_tokens += sum(map(_PROMPT, first))
+            self.ttft.observe_many([r.first_token_time - r.arrival_time for r in first])  # type: ignore[operator]
+            self._prompt_tokens += sum([r.prompt_tokens for r in first])
         done = self.pending_finished
         if not done:
             return
         self.pending_finished = []
-        reasons = list(map(_REASON, done))
         finished = self._finished
-        for reason, n in Counter(reasons).items():  # first-seen order, as the per-request ``get(reason, 0) + 1``
-            finished[reason] = finished.get(reason, 0) + n
-        arrival, queued, scheduled, first_token, finish = np.array(list(map(_TIMES, done)), dtype=float).T
-        self.e2e.observe_array(finish - arrival)
-        queue = scheduled - queued
-        self.queue_time.observe_array(queue[~np.isnan(scheduled)])
-        served = ~np.isnan(first_token) & np.fromiter(map(ABORT.__ne__, reasons), dtype=bool, count=len(reasons))
-        self.prefill_time.observe_array((first_token - scheduled)[served])
-        self.decode_time.observe_array((finish - first_token)[served])
+        # Counter keeps first-seen order, so new reasons enter ``finished`` in the order they would one by one.
+        for reason, n in Counter([r.finished_reason for r in done]).items():
+            finished[reason] = finished.get(reason, 0) + n  # type: ignore[index,arg-type]
+        self.e2e.observe_many([r.finish_time - r.arrival_time for r in done])  # type: ignore[operator]
+        self.queue_time.observe_many(
+            [r.first_scheduled_time - r.queued_time for r in done if r.first_scheduled_time is not None]  # type: ignore[operator]
+        )
+        served = [r for r in done if r.first_token_time is not None and r.finished_reason != ABORT]
+        self.prefill_time.observe_many([r.first_token_time - r.first_scheduled_time for r in served])  # type: ignore[operator]
+        self.decode_time.observe_many([r.finish_time - r.first_token_time for r in served])  # type: ignore[operator]
 
     @property
     def success_total(self) -> int:
