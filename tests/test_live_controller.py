@@ -55,12 +55,12 @@ def test_ramp_saturation_outage(clock: FakeClock, policy: str) -> None:
         inflight = [0]
         controller.inflight = lambda: inflight[0]
         assert controller.target() == 4  # first call polls at once (an empty page: failed, within grace)
-        # Ramp: the engine has room; we use our whole target each poll.
-        server.serve(two_model_page(running=10))
+        # Ramp: the engine has room; we use our whole target each poll, and the engine runs what we send.
         targets = []
         for _ in range(10):
             clock.advance(12)
             inflight[0] = controller.peek()
+            server.serve(two_model_page(running=inflight[0]))
             targets.append(controller.target())
         assert targets == sorted(targets) and targets[-1] > 30
         # Throttle: no poll until 12 s have passed.
