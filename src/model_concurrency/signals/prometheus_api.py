@@ -31,7 +31,9 @@ from model_concurrency.signals.vllm import (
     WAITING,
     WAITING_BY_REASON,
     MetricsError,
+    accumulate,
     check_plausible,
+    snapshot_from_totals,
 )
 
 __all__ = ["PrometheusSource", "promql_string"]
@@ -73,25 +75,11 @@ def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict
     capacity: float | None = None
     for labels, value in summed:
         name = labels.get("__name__", "")
-        check_plausible(name, value)
-        if name == WAITING_BY_REASON:
-            if "capacity" in labels.get("reason", "").lower():
-                capacity = (capacity or 0.0) + value
-            continue
-        totals[name] = totals.get(name, 0.0) + value
+        capacity = accumulate(totals, name, labels, check_plausible(name, value), capacity)
     if RUNNING not in totals:
         raise MetricsError(f"prometheus has no {RUNNING} series for the model")
     kv = [check_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
-    return EngineSnapshot(
-        running=totals[RUNNING],
-        waiting=totals.get(WAITING, 0.0),
-        waiting_capacity=capacity,
-        kv_cache_usage=max(kv) if kv else None,
-        preemptions_total=totals.get(PREEMPTIONS),
-        success_total=totals.get(SUCCESS),
-        queue_time_sum_total=totals.get(QUEUE_SUM),
-        queue_time_count_total=totals.get(QUEUE_COUNT),
-    )
+    return snapshot_from_totals(totals, capacity, max(kv) if kv else None, None)
 
 
 @dataclass(slots=True)

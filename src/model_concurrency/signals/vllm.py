@@ -19,7 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model_concurrency.observation import EngineSnapshot
 
-__all__ = ["MAX_PLAUSIBLE", "MetricsError", "check_plausible", "parse_vllm_metrics"]
+__all__ = [
+    "MAX_PLAUSIBLE",
+    "MetricsError",
+    "accumulate",
+    "check_plausible",
+    "parse_vllm_metrics",
+    "snapshot_from_totals",
+]
 
 # No engine runs ten million requests; a gauge above this is a broken exporter, not a busy GPU.
 MAX_PLAUSIBLE = 1e7
@@ -88,14 +95,31 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             kv_usage = value if kv_usage is None else max(kv_usage, value)
             continue
         check_plausible(name, value)
-        if name == WAITING_BY_REASON:
-            # One release spelt the reason out in prose; anything mentioning capacity is the capacity reason.
-            if "capacity" in labels.get("reason", "").lower():
-                waiting_capacity = (waiting_capacity or 0.0) + value
-            continue
-        totals[name] = totals.get(name, 0.0) + value
+        waiting_capacity = accumulate(totals, name, labels, value, waiting_capacity)
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
+    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks)
+
+
+def accumulate(
+    totals: dict[str, float], name: str, labels: dict[str, str], value: float, waiting_capacity: float | None
+) -> float | None:
+    """Add one summed series to ``totals``, or to the capacity-waiting count; returns that count.
+
+    One vLLM release spelt the by-reason label out in prose, so any reason mentioning capacity counts.
+    """
+    if name == WAITING_BY_REASON:
+        if "capacity" in labels.get("reason", "").lower():
+            return (waiting_capacity or 0.0) + value
+        return waiting_capacity
+    totals[name] = totals.get(name, 0.0) + value
+    return waiting_capacity
+
+
+def snapshot_from_totals(
+    totals: dict[str, float], waiting_capacity: float | None, kv_usage: float | None, kv_blocks: int | None
+) -> EngineSnapshot:
+    """The snapshot a page or a PromQL answer adds up to (``totals`` must hold the running series)."""
     return EngineSnapshot(
         running=totals[RUNNING],
         waiting=totals.get(WAITING, 0.0),
