@@ -16,6 +16,7 @@ embedding models it can be the bottleneck (docs/engine-model.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["FrontEndCost", "StepTimeModel"]
@@ -35,8 +36,24 @@ class StepTimeModel:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
+    def compile(self, speed: float = 1.0) -> Callable[[int, int, int], float]:
+        """``(tokens, decode_context, prefill_quadratic) -> seconds`` with ms -> s and ``speed`` folded in.
+
+        The engine calls this once per step; a closure over pre-scaled coefficients keeps that call cheap.
+        """
+        scale = 1.0 / (1000.0 * speed)
+        a = self.a_ms * scale
+        b = self.b_ms_per_token * scale
+        c = self.c_ms_per_context_token * scale
+        d = self.d_ms_per_token_sq * scale
+
+        def step_seconds(tokens: int, decode_context: int, prefill_quadratic: int) -> float:
+            return a + b * tokens + c * decode_context + d * prefill_quadratic
+
+        return step_seconds
+
     def seconds(self, tokens: int, decode_context: int = 0, prefill_quadratic: int = 0, speed: float = 1.0) -> float:
-        """One step's duration; the engine inlines the same arithmetic in its hot loop."""
+        """One step's duration (the engine uses :meth:`compile`, the same arithmetic)."""
         ms = (
             self.a_ms
             + self.b_ms_per_token * tokens
