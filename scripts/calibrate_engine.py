@@ -1,4 +1,4 @@
-"""Fit the token-cost term ``a + b × tokens`` of the engine step-time model from Vidur operator profiles.
+"""Fit the linear-layer term of the engine step-time model from Vidur operator profiles.
 
 Vidur (MLSys 2024) profiles each transformer operator of a model on a GPU at many batch sizes (``num_tokens``)
 and writes one CSV per model and GPU, with min/max/mean/median/std columns per operator in milliseconds. The
@@ -11,9 +11,13 @@ Usage::
 
     python scripts/calibrate_engine.py /work/shared/data/vidur/*.csv [--layers 32] [--max-tokens 8192]
 
-For every file it prints the summed step cost at a few batch sizes and the least-squares line through all
-profiled batch sizes up to ``--max-tokens`` (tensor parallel degree 1). The presets in
-``src/model_concurrency/engine/presets.py`` carry the fitted numbers, so this data is never needed at run time.
+For every file it prints the summed step cost at a few batch sizes, the least-squares line ``a + b × tokens``
+through all profiled batch sizes up to ``--max-tokens`` (tensor parallel degree 1, the older linear step model),
+and the roofline the presets use, ``(M^p + (b × tokens)^p)^(1/p)``, fitted by minimising the relative RMS error
+over a grid (``fit_roofline``). The presets take ``b`` and ``p`` from it; ``M`` comes from HBM bandwidth instead,
+because the profiles run eagerly (each operator launched on its own), which a CUDA-graph decode does not pay.
+The presets in ``src/model_concurrency/engine/presets.py`` carry the fitted numbers, so this data is never
+needed at run time.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fit_file", "main", "step_costs"]
+__all__ = ["fit_file", "fit_roofline", "main", "step_costs"]
 
 PER_LAYER_OPS = (
     "input_layernorm",
@@ -69,6 +73,24 @@ def fit_file(path: Path, layers: int, max_tokens: int) -> tuple[float, float, fl
     return float(a), float(b), r2, costs
 
 
+def fit_roofline(path: Path, layers: int, max_tokens: int) -> tuple[float, float, float, float]:
+    """Grid fit of ``(M^p + (b·n)^p)^(1/p)`` minimising relative RMS error: (memory_ms, b_ms, p, rel_rms)."""
+    costs = step_costs(path, layers)
+    n = np.array([t for t in costs if t <= max_tokens], dtype=float)
+    y = np.array([costs[int(t)] for t in n])
+    memory = np.arange(2.0, 15.0, 0.05)[:, None, None]
+    slope = np.arange(0.010, 0.100, 0.0005)[None, :, None]
+    best = (np.inf, 0.0, 0.0, 0.0)
+    for p in np.arange(1.0, 6.01, 0.25):
+        predicted = (memory**p + (slope * n[None, None, :]) ** p) ** (1.0 / p)
+        rms = np.sqrt(np.mean(((predicted - y) / y) ** 2, axis=2))
+        i, j = np.unravel_index(int(np.argmin(rms)), rms.shape)
+        if rms[i, j] < best[0]:
+            best = (float(rms[i, j]), float(memory[i, 0, 0]), float(slope[0, j, 0]), float(p))
+    rms_best, m_best, b_best, p_best = best
+    return m_best, b_best, p_best, rms_best
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", type=Path, help="Vidur data_profiling_compute_*_mlp.csv files")
@@ -82,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  step cost ms by tokens: {shown}")
         print(f"  fit (tokens <= {args.max_tokens}, {sum(t <= args.max_tokens for t in costs)} sizes):")
         print(f"    a = {a:.3f} ms, b = {b * 1000:.2f} us/token ({b:.5f} ms/token), R^2 = {r2:.4f}")
+        memory, slope, p, rms = fit_roofline(path, args.layers, args.max_tokens)
+        print(f"  roofline fit: M = {memory:.2f} ms, b = {slope:.4f} ms/token, p = {p:.2f}, relative RMS {rms:.1%}")
     return 0
 
 

@@ -25,7 +25,7 @@ import simpy
 
 from model_concurrency.engine import Fleet, Request, Server, get_preset
 
-EXPECTED = "2a265828a4c74630af37f67599fe90e8fce33752141ba1c1a8885f273ca3b591"
+EXPECTED = "eeb26cec20e5ad843ae9afe8c3b130890124fa84de9addc421f915979737ddc7"
 
 
 def _poisson(
@@ -97,7 +97,7 @@ def run_poisson(preset_name: str, rate: float, count: int, seed: int) -> list[st
 def run_preempting(seed: int) -> list[str]:
     """A KV cache of 300 blocks under long answers: preemptions by recompute, re-admission from the head."""
     env = simpy.Environment()
-    server = Server(env, get_preset("llama-8b-a100").replace(num_gpu_blocks=300, max_num_seqs=64))
+    server = Server(env, get_preset("llama-8b-a100-80gb").replace(num_gpu_blocks=300, max_num_seqs=64))
     rng = random.Random(seed)
     log: list[Request] = []
     env.process(_poisson(env, server, rng, 20.0, 300, lambda r: Request(r.randint(50, 900), r.randint(100, 600)), log))
@@ -109,7 +109,7 @@ def run_preempting(seed: int) -> list[str]:
 def run_changing_server(seed: int) -> list[str]:
     """Two engine cores, a third added, speed changed, aborts, a lost and restarted server."""
     env = simpy.Environment()
-    server = Server(env, get_preset("llama-8b-h100").replace(num_gpu_blocks=2000), num_engines=2)
+    server = Server(env, get_preset("llama-8b-h100-80gb").replace(num_gpu_blocks=2000), num_engines=2)
     rng = random.Random(seed)
     log: list[Request] = []
     env.process(_poisson(env, server, rng, 60.0, 900, _chat, log))
@@ -135,7 +135,7 @@ def run_changing_server(seed: int) -> list[str]:
 
 def run_fleet(seed: int) -> list[str]:
     env = simpy.Environment()
-    fleet = Fleet.of(env, get_preset("llama-8b-a100"), replicas=2, balancer="least_loaded")
+    fleet = Fleet.of(env, get_preset("llama-8b-a100-80gb"), replicas=2, balancer="least_loaded")
     rng = random.Random(seed)
     log: list[Request] = []
     env.process(_poisson(env, fleet, rng, 12.0, 300, _chat, log))
@@ -146,8 +146,9 @@ def run_fleet(seed: int) -> list[str]:
 def fingerprint() -> str:
     digest = hashlib.sha256()
     runs = [
-        run_poisson("llama-8b-a100", 8.0, 300, 1),
-        run_poisson("llama-8b-h100", 30.0, 600, 2),
+        run_poisson("llama-8b-a100-80gb", 8.0, 300, 1),
+        run_poisson("llama-8b-a100-40gb", 4.0, 200, 7),
+        run_poisson("llama-8b-h100-80gb", 30.0, 600, 2),
         run_poisson("bge-m3", 150.0, 800, 3),
         run_preempting(4),
         run_changing_server(5),

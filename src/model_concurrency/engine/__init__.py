@@ -3,7 +3,7 @@
 API overview (everything runs on a ``simpy.Environment``'s simulated clock; nothing reads wall time)::
 
     env = simpy.Environment()
-    server = Server(env, LLAMA_8B_A100, num_engines=1)          # one `vllm serve`: front-end + engine cores
+    server = Server(env, LLAMA_8B_A100_80GB, num_engines=1)          # one `vllm serve`: front-end + engine cores
     done = server.submit(Request(prompt_tokens=1024, output_tokens=256))   # -> simpy.Event, value = the Request
     server.submit_callback(request, on_finish)                   # same, calling on_finish(request) instead
     server.abort(request)                                        # client cancelled: finished_reason "abort"
@@ -23,7 +23,8 @@ API overview (everything runs on a ``simpy.Environment``'s simulated clock; noth
 A :class:`Request` is single-use (submit a new one per call) and carries its timestamps (``arrival_time``,
 ``queued_time``, ``first_scheduled_time``, ``first_token_time``, ``finish_time``), ``finished_reason`` and
 ``num_preemptions``, so the lab can compute queue time and latency per request. Presets (:data:`PRESETS`):
-``llama-8b-h100``, ``llama-8b-a100``, ``bge-m3``; derive variants with
+``llama-8b-h100-80gb``, ``llama-8b-a100-80gb``, ``llama-8b-a100-40gb``, ``bge-m3`` (the old names
+``llama-8b-h100`` and ``llama-8b-a100`` are aliases of the 80 GB presets); derive variants with
 ``preset.replace(max_num_seqs=64, num_gpu_blocks=2000)``. Coefficients and their sources are in :mod:`.presets`
 and docs/engine-model.md.
 
@@ -36,7 +37,18 @@ from __future__ import annotations
 
 from model_concurrency.engine.engine import Engine, EngineDownError
 from model_concurrency.engine.metrics import VllmCollector, make_registry, render_engines
-from model_concurrency.engine.presets import BGE_M3, LLAMA_8B_A100, LLAMA_8B_H100, PRESETS, EnginePreset, get_preset
+from model_concurrency.engine.presets import (
+    BGE_M3,
+    LLAMA_8B_A100,
+    LLAMA_8B_A100_40GB,
+    LLAMA_8B_A100_80GB,
+    LLAMA_8B_H100,
+    LLAMA_8B_H100_80GB,
+    PRESET_ALIASES,
+    PRESETS,
+    EnginePreset,
+    get_preset,
+)
 from model_concurrency.engine.request import ABORT, LENGTH, STOP, Request, RequestState
 from model_concurrency.engine.stats import EngineStats, Histogram
 from model_concurrency.engine.steptime import FrontEndCost, StepTimeModel
@@ -47,8 +59,12 @@ __all__ = [
     "BGE_M3",
     "LENGTH",
     "LLAMA_8B_A100",
+    "LLAMA_8B_A100_40GB",
+    "LLAMA_8B_A100_80GB",
     "LLAMA_8B_H100",
+    "LLAMA_8B_H100_80GB",
     "PRESETS",
+    "PRESET_ALIASES",
     "STOP",
     "Engine",
     "EngineDownError",

@@ -1,25 +1,31 @@
-"""Engine configurations with step-time coefficients, and where every number comes from.
+"""Engine configurations: one preset per model and GPU, and where every number comes from.
 
-The derivations are in docs/engine-model.md; in short (all 8B figures are Llama-3-8B-class, fp16, TP 1):
+Step time (:mod:`.steptime`): ``a + (M^p + (b·tokens)^p)^(1/p) + c·context + d·quadratic``. For Llama-3.1-8B
+(8.03 B parameters, bf16, TP 1; derivations and the validation table in docs/engine-model.md):
 
-* ``b`` (token-linear cost) is the least-squares fit of ``scripts/calibrate_engine.py`` over Vidur's operator
-  profiles (per-layer medians × 32 layers + embedding, batch sizes up to 8192 tokens): Llama-3-8B on A100
-  66.56 µs/token; Llama-2-7B on H100 19.92 µs/token, scaled by the Llama-3-8B/Llama-2-7B ratio measured on A100
-  (66.56/63.69 = 1.045) to 20.8 µs/token.
-* ``a`` (fixed step cost) is the single-stream time per output token of public vLLM benchmarks (H100 6.48 ms at
-  concurrency 1; A100 ≈ 13.3 ms per token at 1024 in / 128 out, ≈ 12.7 ms once the prefill is taken out) minus the
-  model's own ``b`` and ``c`` share at batch 1.
-* ``c`` (decode attention) is memory-bound: 128 KiB of KV per token read at HBM bandwidth (H100 SXM 3.35 TB/s,
-  A100 80GB 2.04 TB/s). DistServe's A100 OPT-13B fit (4.94e-4 ms per context token, 800 KiB/token) scales to
-  the same order.
-* ``d`` (prefill attention) is DistServe's A100 fit 8.65e-6 ms/len² scaled by attention FLOPs
-  (layers × hidden: 32·4096 vs 40·5120 = 0.64); H100 by the H100/A100 ratio of ``b``.
-* ``num_gpu_blocks``: 80 GB × 0.9 utilisation − 15 GiB of weights − ≈2.5 GiB activations ≈ 54.5 GiB of KV at
-  128 KiB/token ≈ 446k tokens ≈ 27.9k blocks of 16.
-* Scheduler limits are ``vllm serve`` defaults: H100 8192 tokens / 1024 seqs; A100 2048 / 256.
-* bge-m3 class (568M-parameter XLM-R encoder): ``b`` 24 µs/token so that 3K-token prompts run at ≈ 12 req/s,
-  the figure reported in vLLM issues; front-end 1.5 ms + 1.5 µs/token so that a 512-token request costs ≈ 2.3 ms
-  of API-server CPU (≈ 430 req/s, the ceiling a 110M encoder reached); pooling models do not chunk prefills.
+* ``M`` (``memory_ms``) = weight bytes / (HBM bandwidth × η): 16.06 GB over the datasheet bandwidth (A100-40GB
+  1.555 TB/s, A100-80GB SXM 2.039 TB/s, H100-80GB SXM 3.35 TB/s) at η = 0.89;
+* ``c`` = 128 KiB of KV per token (32 layers × 8 KV heads × 128 dims × K,V × 2 bytes) over the same effective
+  bandwidth;
+* ``a`` = 1.08 ms and η = 0.89 solve the two single-stream decode figures together (H100-80GB: TPOT p50 6.48 ms at
+  concurrency 1, vLLM 0.21.0; A100-40GB: 75 output tokens/s at concurrency 1, 1024 in / 128 out, vLLM 0.23.0),
+  assuming one overhead and one bandwidth efficiency for both cards;
+* ``b`` and ``p`` are the p-norm roofline fitted on Vidur's summed linear-operator profiles
+  (``scripts/calibrate_engine.py --roofline``): A100 Llama-3-8B b = 0.0690 ms/token, p = 1.5; H100 (Llama-2-7B
+  profile only) b = 0.0200 × 1.070 (the Llama-3-8B / Llama-2-7B ratio of the same fit on A100, 0.0690 / 0.0645)
+  = 0.0214, p = 1.25;
+* ``d`` = causal attention FLOPs per token pair (2 × 32 layers × 4096) / (60 % of dense bf16 peak: A100 312,
+  H100 989 TFLOP/s);
+* ``num_gpu_blocks`` = (memory × 0.9 − 15 GiB weights − ≈2.5 GiB activations and CUDA graphs) / 128 KiB / 16;
+* scheduler limits are ``vllm serve`` defaults: 8192 batched tokens / 1024 seqs on H100; 2048 / 256 on A100;
+* front end: 0.5 ms + 1 µs/token of API-server CPU (tokenising) and 5.6 ms in transit (IPC to the engine core,
+  detokenising, the HTTP response), the transit fitted so that TTFT at concurrency 1 is the H100 benchmark's
+  13.98 ms for a ~100-token prompt (a calibration, not a validation: docs/engine-model.md).
+
+bge-m3 class (568M-parameter XLM-R encoder), unchanged since it was set: ``b`` 24 µs/token so that 3K-token prompts
+run at ≈ 12 req/s (vLLM issue #11320); front end 1.5 ms + 1.5 µs/token, ≈ 430 req/s per API process at 512
+tokens; pooling models do not chunk prefills. Old names (``llama-8b-h100``, ``llama-8b-a100``) are aliases of the
+80 GB presets.
 """
 
 from __future__ import annotations
@@ -29,7 +35,19 @@ from dataclasses import dataclass, field
 
 from model_concurrency.engine.steptime import FrontEndCost, StepTimeModel
 
-__all__ = ["BGE_M3", "BLOCK_SIZE", "LLAMA_8B_A100", "LLAMA_8B_H100", "PRESETS", "EnginePreset", "get_preset"]
+__all__ = [
+    "BGE_M3",
+    "BLOCK_SIZE",
+    "LLAMA_8B_A100",
+    "LLAMA_8B_A100_40GB",
+    "LLAMA_8B_A100_80GB",
+    "LLAMA_8B_H100",
+    "LLAMA_8B_H100_80GB",
+    "PRESETS",
+    "PRESET_ALIASES",
+    "EnginePreset",
+    "get_preset",
+]
 
 BLOCK_SIZE = 16
 
@@ -66,23 +84,59 @@ class EnginePreset:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-LLAMA_8B_H100 = EnginePreset(
-    name="llama-8b-h100",
-    model_name="meta-llama/Llama-3.1-8B-Instruct",
-    step=StepTimeModel(a_ms=6.42, b_ms_per_token=0.0208, c_ms_per_context_token=3.91e-5, d_ms_per_token_sq=1.73e-6),
+_LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+_LLAMA_8B_FRONTEND = FrontEndCost(fixed_ms=0.5, per_token_ms=0.001, latency_ms=5.6)
+
+LLAMA_8B_H100_80GB = EnginePreset(
+    name="llama-8b-h100-80gb",
+    model_name=_LLAMA_8B,
+    step=StepTimeModel(
+        a_ms=1.08,
+        b_ms_per_token=0.0214,
+        c_ms_per_context_token=4.396e-5,
+        d_ms_per_token_sq=4.418e-7,
+        memory_ms=5.387,
+        overlap_p=1.25,
+    ),
     max_num_seqs=1024,
     max_num_batched_tokens=8192,
     num_gpu_blocks=27_900,
+    frontend=_LLAMA_8B_FRONTEND,
 )
 
-LLAMA_8B_A100 = EnginePreset(
-    name="llama-8b-a100",
-    model_name="meta-llama/Llama-3.1-8B-Instruct",
-    step=StepTimeModel(a_ms=12.6, b_ms_per_token=0.06656, c_ms_per_context_token=6.43e-5, d_ms_per_token_sq=5.54e-6),
+LLAMA_8B_A100_80GB = EnginePreset(
+    name="llama-8b-a100-80gb",
+    model_name=_LLAMA_8B,
+    step=StepTimeModel(
+        a_ms=1.08,
+        b_ms_per_token=0.0690,
+        c_ms_per_context_token=7.223e-5,
+        d_ms_per_token_sq=1.400e-6,
+        memory_ms=8.850,
+        overlap_p=1.5,
+    ),
     max_num_seqs=256,
     max_num_batched_tokens=2048,
     num_gpu_blocks=27_900,
+    frontend=_LLAMA_8B_FRONTEND,
 )
+
+LLAMA_8B_A100_40GB = LLAMA_8B_A100_80GB.replace(
+    name="llama-8b-a100-40gb",
+    step=StepTimeModel(
+        a_ms=1.08,
+        b_ms_per_token=0.0690,
+        c_ms_per_context_token=9.471e-5,
+        d_ms_per_token_sq=1.400e-6,
+        memory_ms=11.604,
+        overlap_p=1.5,
+    ),
+    num_gpu_blocks=9_472,  # (36 GiB − 15 − 2.5) / 128 KiB / 16
+)
+
+# The names before there was one preset per GPU: both meant 80 GB cards.
+LLAMA_8B_H100 = LLAMA_8B_H100_80GB
+LLAMA_8B_A100 = LLAMA_8B_A100_80GB
 
 BGE_M3 = EnginePreset(
     name="bge-m3",
@@ -96,11 +150,16 @@ BGE_M3 = EnginePreset(
     frontend=FrontEndCost(fixed_ms=1.5, per_token_ms=0.0015, workers=1),
 )
 
-PRESETS: dict[str, EnginePreset] = {p.name: p for p in (LLAMA_8B_H100, LLAMA_8B_A100, BGE_M3)}
+PRESETS: dict[str, EnginePreset] = {
+    p.name: p for p in (LLAMA_8B_H100_80GB, LLAMA_8B_A100_80GB, LLAMA_8B_A100_40GB, BGE_M3)
+}
+PRESET_ALIASES: dict[str, str] = {"llama-8b-h100": "llama-8b-h100-80gb", "llama-8b-a100": "llama-8b-a100-80gb"}
 
 
 def get_preset(name: str) -> EnginePreset:
+    """The preset called ``name`` (or one of :data:`PRESET_ALIASES`, the names used before GPUs were named)."""
     try:
-        return PRESETS[name]
+        return PRESETS[PRESET_ALIASES.get(name, name)]
     except KeyError:
-        raise ValueError(f"unknown engine preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+        known = ", ".join(sorted([*PRESETS, *PRESET_ALIASES]))
+        raise ValueError(f"unknown engine preset {name!r}; known: {known}") from None

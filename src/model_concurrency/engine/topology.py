@@ -215,7 +215,9 @@ class Server:
         heapq.heappush(self._frontend_free_at, done_at)
         request.state = RequestState.FRONTEND
         self._in_frontend[request] = None
-        self.env.timeout(done_at - now).callbacks.append(lambda _event: self._frontend_done(request))
+        # The transit latency holds no worker: it delays the request, not the ones behind it.
+        delay = done_at - now + self.frontend.latency_seconds
+        self.env.timeout(delay).callbacks.append(lambda _event: self._frontend_done(request))
 
     def _frontend_done(self, request: Request) -> None:
         if request not in self._in_frontend:
