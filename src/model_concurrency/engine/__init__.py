@@ -28,9 +28,11 @@ A :class:`Request` is single-use (submit a new one per call) and carries its tim
 ``preset.replace(max_num_seqs=64, num_gpu_blocks=2000)``. Coefficients and their sources are in :mod:`.presets`
 and docs/engine-model.md.
 
-Module map: ``request`` (Request), ``stats`` (counters, histograms, vLLM buckets), ``steptime`` (the step-time
-and front-end cost models), ``presets``, ``engine`` (scheduler and step loop), ``metrics`` (Prometheus rendering),
-``topology`` (Server, Fleet, snapshot summing).
+Module map: ``request`` (Request), ``stats`` (counters, histograms, vLLM buckets), ``steptime`` (the roofline
+step-time and front-end cost models), ``presets``, ``bookkeeping`` (an engine's state, the end of a step, how a
+request finishes), ``scheduler`` (batch building and preemption, as vLLM V1), ``engine`` (Engine: public API and
+step loop), ``metrics`` (Prometheus rendering), ``topology`` (Server, Fleet, snapshot summing). The fidelity of
+the presets against published vLLM figures is ``scripts/validate_engine.py`` (table in docs/engine-model.md).
 """
 
 from __future__ import annotations

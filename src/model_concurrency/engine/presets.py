@@ -11,7 +11,7 @@ Step time (:mod:`.steptime`): ``a + (M^p + (b·tokens)^p)^(1/p) + c·context + d
   concurrency 1, vLLM 0.21.0; A100-40GB: 75 output tokens/s at concurrency 1, 1024 in / 128 out, vLLM 0.23.0),
   assuming one overhead and one bandwidth efficiency for both cards;
 * ``b`` and ``p`` are the p-norm roofline fitted on Vidur's summed linear-operator profiles
-  (``scripts/calibrate_engine.py --roofline``): A100 Llama-3-8B b = 0.0690 ms/token, p = 1.5; H100 (Llama-2-7B
+  (``scripts/calibrate_engine.py``): A100 Llama-3-8B b = 0.0690 ms/token, p = 1.5; H100 (Llama-2-7B
   profile only) b = 0.0200 × 1.070 (the Llama-3-8B / Llama-2-7B ratio of the same fit on A100, 0.0690 / 0.0645)
   = 0.0214, p = 1.25;
 * ``d`` = causal attention FLOPs per token pair (2 × 32 layers × 4096) / (60 % of dense bf16 peak: A100 312,

@@ -11,7 +11,7 @@
 HBM bandwidth) and does ``b`` ms of tensor-core work per scheduled token; the GPU overlaps the two, so the step
 costs about the larger of them. A hard ``max`` overstates the overlap near the ridge point (Vidur's operator
 profiles bend smoothly), so the two are combined as a p-norm, which tends to the ``max`` for large ``p`` and to the
-sum for ``p = 1``; ``p`` and ``b`` are fitted on Vidur's profiles (``scripts/calibrate_engine.py --roofline``).
+sum for ``p = 1``; ``p`` and ``b`` are fitted on Vidur's profiles (``scripts/calibrate_engine.py``).
 Attention runs in kernels of its own after the projections, so its time adds: decodes read their KV cache
 (memory-bound, ``c`` = KV bytes per token / effective bandwidth), prefills are compute-bound (``d`` = attention
 FLOPs per token pair / effective FLOP rate; a chunk attends to everything before it too).
