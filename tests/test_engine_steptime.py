@@ -15,7 +15,9 @@ exponent = st.floats(min_value=1.0, max_value=8.0, allow_nan=False)
 
 
 @given(a=coefficient, b=slope, c=st.floats(0.0, 1e-3), d=st.floats(0.0, 1e-5), n=tokens, ctx=tokens, q=tokens)
-def test_memory_zero_is_exactly_the_linear_sum(a: float, b: float, c: float, d: float, n: int, ctx: int, q: int) -> None:
+def test_memory_zero_is_exactly_the_linear_sum(
+    a: float, b: float, c: float, d: float, n: int, ctx: int, q: int
+) -> None:
     model = StepTimeModel(a, b, c, d)
     ms = 1.0 / 1000.0  # the engine folds ms -> s into each coefficient; the same arithmetic, bit for bit
     assert model.seconds(n, ctx, q) == a * ms + b * ms * n + c * ms * ctx + d * ms * q
