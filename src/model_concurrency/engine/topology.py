@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import simpy
 from prometheus_client import generate_latest
+from simpy.events import Timeout
 
 from model_concurrency.engine.engine import Engine, EngineDownError
 from model_concurrency.engine.metrics import make_registry
@@ -107,6 +108,7 @@ class Server:
         self._frontend_free = preset.frontend.free
         self._frontend_free_at = [0.0] * preset.frontend.workers  # a heap of when each API worker is free
         self._in_frontend: dict[Request, None] = {}
+        self._on_frontend_done = self._frontend_done  # bound once: the callback of every front-end timeout
         self._rr = itertools.count()
         self.inflight = 0  # accepted and not finished: what a least-connections balancer counts
         self.submitted = 0
@@ -210,20 +212,28 @@ class Server:
             self._route(request)
             return
         # The API server works requests FIFO on its workers; the engine sees the request when that work is done.
+        frontend = self.frontend
         free_at = heapq.heappop(self._frontend_free_at)
-        done_at = max(now, free_at) + self.frontend.seconds(request.prompt_tokens)
+        done_at = max(now, free_at) + (frontend.fixed_ms + frontend.per_token_ms * request.prompt_tokens) / 1000.0
         heapq.heappush(self._frontend_free_at, done_at)
         request.state = RequestState.FRONTEND
         self._in_frontend[request] = None
-        # The transit latency holds no worker: it delays the request, not the ones behind it.
-        delay = done_at - now + self.frontend.latency_seconds
-        self.env.timeout(delay).callbacks.append(lambda _event: self._frontend_done(request))
+        # The transit latency holds no worker: it delays the request, not the ones behind it. The timeout carries
+        # the request as its value, so one bound method serves every arrival (no closure per request).
+        delay = done_at - now + frontend.latency_ms / 1000.0
+        Timeout(self.env, delay, request).callbacks.append(self._on_frontend_done)
 
-    def _frontend_done(self, request: Request) -> None:
-        if request not in self._in_frontend:
+    def _frontend_done(self, event: simpy.Event) -> None:
+        request: Request = event.value  # type: ignore[assignment]  # the timeout was given the request
+        in_frontend = self._in_frontend
+        if request not in in_frontend:
             return  # aborted meanwhile
-        del self._in_frontend[request]
-        self._route(request)
+        del in_frontend[request]
+        engines = self.engines
+        if len(engines) == 1:
+            engines[0]._enqueue(request, self.env.now)  # arrival_time is set; a down engine aborts it
+        else:
+            self._route(request)
 
     def _route(self, request: Request) -> None:
         engines = self.engines
