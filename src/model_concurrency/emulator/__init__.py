@@ -24,17 +24,20 @@ form a fleet. Importing this package needs starlette and simpy (the ``emulator``
 
 from __future__ import annotations
 
-from model_concurrency.emulator.app import METRICS_CONTENT_TYPE, Emulator, EmulatorConfig, create_app
+from model_concurrency.emulator.app import METRICS_CONTENT_TYPE, Emulator, create_app
 from model_concurrency.emulator.clock import SimDriver
-from model_concurrency.emulator.serve import RunningEmulator, serve, serve_in_thread
+from model_concurrency.emulator.core import EmulatorConfig, EngineCore
+from model_concurrency.emulator.serve import RunningEmulator, serve, serve_in_processes, serve_in_thread
 
 __all__ = [
     "METRICS_CONTENT_TYPE",
     "Emulator",
     "EmulatorConfig",
+    "EngineCore",
     "RunningEmulator",
     "SimDriver",
     "create_app",
     "serve",
+    "serve_in_processes",
     "serve_in_thread",
 ]

@@ -3,7 +3,7 @@
 The engine model is single-threaded SimPy code, so the only safe place to advance it is the thread that also
 submits requests and reads ``/metrics``: the event loop. A :class:`SimDriver` maps wall time to simulated time
 (``sim = start + elapsed × time_scale``), and one asyncio task sleeps until the next simulated event is due, then
-runs the environment up to "now". Handlers call :meth:`SimDriver.sync` before they touch the model (so a request
+runs the environment up to "now", then calls ``on_advance`` (the core reports streamed tokens from there). Handlers call :meth:`SimDriver.sync` before they touch the model (so a request
 arrives at the current simulated time and a scrape sees current gauges) and :meth:`SimDriver.poke` after they
 submit (a new request may need the engine sooner than the timer planned to wake).
 
@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["SimDriver"]
@@ -31,7 +32,14 @@ class SimDriver:
     costs one wake-up per ``max_sleep_s`` and a busy one one per engine step, never a spinning task.
     """
 
-    def __init__(self, env: Any, time_scale: float = 1.0, *, max_sleep_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        env: Any,
+        time_scale: float = 1.0,
+        *,
+        max_sleep_s: float = 0.05,
+        on_advance: Callable[[], None] | None = None,
+    ) -> None:
         if not time_scale > 0 or not math.isfinite(time_scale):
             raise ValueError(f"time_scale must be a positive number, got {time_scale!r}")
         self.env = env
@@ -41,6 +49,7 @@ class SimDriver:
         self._sim0 = float(env.now)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._on_advance = on_advance
 
     def sim_now(self) -> float:
         """The simulated time the wall clock says it is (the environment catches up on :meth:`sync`)."""
@@ -55,6 +64,8 @@ class SimDriver:
         # ``run(until=...)`` leaves its spent stop event queued at ``now``; events due exactly now are due anyway.
         while env.peek() <= env.now:
             env.step()
+        if self._on_advance is not None:
+            self._on_advance()
 
     def start(self) -> None:
         """Start driving on the running loop (idempotent)."""
