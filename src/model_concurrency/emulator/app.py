@@ -142,9 +142,7 @@ class Emulator:
         if not isinstance(options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
         spec = JobSpec(answer.prompt_tokens, answer.output_tokens, finish_reason=answer.finish_reason)
-        job = await self.link.submit(
-            [spec], stream=stream, budget_tokens=answer.prompt_tokens + answer.output_tokens
-        )
+        job = await self.link.submit([spec], stream=stream, budget_tokens=answer.budget_tokens)
         if stream:
             chunks = _sse_chunks(job, answer, self.model_name, chat=chat, usage=bool(options.get("include_usage")))
             return StreamingResponse(self._guard_stream(job, chunks), media_type="text/event-stream")

@@ -164,6 +164,12 @@ class Completion:
     output_tokens: int
     finish_reason: str  # "stop" or "length"
     seed: bytes
+    max_tokens: int | None = None  # as requested: what a tokens-per-minute limit charges, as hosted APIs do
+
+    @property
+    def budget_tokens(self) -> int:
+        """Tokens a rate limit charges at admission: the prompt plus ``max_tokens`` (or the answer, if unset)."""
+        return self.prompt_tokens + (self.max_tokens if self.max_tokens is not None else self.output_tokens)
 
     def words(self) -> list[str]:
         """One plain word per output token (so a word-level tokenizer counts exactly ``output_tokens``)."""
@@ -212,6 +218,7 @@ def parse_completion(
             f"the prompt ({prompt_tokens} tokens) leaves no room for output in max_model_len {max_model_len}",
             param="messages",
         )
+    requested = limit
     if limit is None:
         limit = room
     elif limit > room:
@@ -223,11 +230,11 @@ def parse_completion(
     if minimum > limit:
         raise ApiError(400, f"min_tokens ({minimum}) must be <= max_tokens ({limit})", param="min_tokens")
     if ignore_eos:
-        return Completion(prompt_tokens, limit, "length", seed)
+        return Completion(prompt_tokens, limit, "length", seed, requested)
     natural = max(8 + hashlib.blake2b(seed, digest_size=1).digest()[0] % 57, minimum)
     if natural > limit:
-        return Completion(prompt_tokens, limit, "length", seed)
-    return Completion(prompt_tokens, natural, "stop", seed)
+        return Completion(prompt_tokens, limit, "length", seed, requested)
+    return Completion(prompt_tokens, natural, "stop", seed, requested)
 
 
 def prompt_text(body: Mapping[str, Any], count: TokenCounter = count_chars4) -> tuple[int, bytes]:
