@@ -31,9 +31,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not simulate API-server CPU per request (the emulator's own HTTP stack is a real one)",
     )
-    e.add_argument(
-        "--frontends", type=int, default=1, help="HTTP front-end processes feeding the one engine process"
-    )
+    e.add_argument("--frontends", type=int, default=1, help="HTTP front-end processes feeding the one engine process")
     e.add_argument("--rpm", type=float, help="requests per (simulated) minute; beyond it: 429 with Retry-After")
     e.add_argument("--tpm", type=float, help="tokens (prompt + max output) per (simulated) minute; beyond it: 429")
     e.add_argument(

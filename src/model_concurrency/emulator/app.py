@@ -205,9 +205,7 @@ class Emulator:
         return JSONResponse(await self.link.call("capacity", changes))
 
 
-async def _sse_chunks(
-    job: FrontJob, answer: Completion, model: str, *, chat: bool, usage: bool
-) -> AsyncIterator[str]:
+async def _sse_chunks(job: FrontJob, answer: Completion, model: str, *, chat: bool, usage: bool) -> AsyncIterator[str]:
     """vLLM's chunk shapes, one per output token as the engine reports them."""
     ident = new_id("chatcmpl" if chat else "cmpl")
     created = now_s()
@@ -227,7 +225,9 @@ async def _sse_chunks(
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
     if chat:
-        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        yield event(
+            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        )
     sent = 0
     while True:
         what, value = await job.events.get()

@@ -1,14 +1,16 @@
-"""Drive a SimPy environment on the wall clock, from inside the event loop that serves HTTP.
+"""Drive a SimPy environment on the wall clock, from inside an event loop.
 
 The engine model is single-threaded SimPy code, so the only safe place to advance it is the thread that also
-submits requests and reads ``/metrics``: the event loop. A :class:`SimDriver` maps wall time to simulated time
-(``sim = start + elapsed × time_scale``), and one asyncio task sleeps until the next simulated event is due, then
-runs the environment up to "now", then calls ``on_advance`` (the core reports streamed tokens from there). Handlers call :meth:`SimDriver.sync` before they touch the model (so a request
-arrives at the current simulated time and a scrape sees current gauges) and :meth:`SimDriver.poke` after they
-submit (a new request may need the engine sooner than the timer planned to wake).
+submits requests and reads ``/metrics``: the event loop of the engine process (served form) or of the ASGI server
+(in-process form). A :class:`SimDriver` maps wall time to simulated time (``sim = start + elapsed × time_scale``),
+and one loop timer sleeps until the next simulated event is due, then runs the environment up to "now" and calls
+``on_advance`` (the core reports streamed tokens from there). Callers :meth:`SimDriver.sync` before they touch
+the model (so a request arrives at the current simulated time and a scrape sees current gauges) and
+:meth:`SimDriver.poke` after they submit (a new request may need the engine sooner than the timer planned).
 
-Completions fire inside ``env.run`` as plain callbacks on this same thread; they resolve asyncio futures, which
-is all the handlers wait on. No thread ever races on the environment.
+Completions fire inside ``env.run`` as plain callbacks on this same thread. No thread ever races on the
+environment. In the in-process form a busy HTTP loop delays the timer, so simulated time then catches up in a
+jump; the served form avoids that by giving the driver a loop of its own (:mod:`.processes`).
 """
 
 from __future__ import annotations

@@ -135,14 +135,23 @@ class EngineCore:
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
         requests = [
-            Request(s.prompt_tokens, s.output_tokens, embedding=s.embedding, stop_reason=LENGTH if s.finish_reason == LENGTH else STOP)
+            Request(
+                s.prompt_tokens,
+                s.output_tokens,
+                embedding=s.embedding,
+                stop_reason=LENGTH if s.finish_reason == LENGTH else STOP,
+            )
             for s in specs
         ]
         job = _Job(requests, sink, stream)
+
+        def on_finish(request: Request) -> None:
+            self._finished(job, request)
+
         submitted: list[Request] = []
         try:
             for request in requests:
-                self.server.submit_callback(request, lambda r, job=job: self._finished(job, r))
+                self.server.submit_callback(request, on_finish)
                 submitted.append(request)
         except ValueError as exc:  # too long for the engine, as vLLM rejects over-long prompts
             for request in submitted:
@@ -172,9 +181,7 @@ class EngineCore:
                 if total > job.sent:
                     job.sent = total
                     job.sink("tokens", total)
-            job.sink(
-                "done", "the engine aborted the request (engine down or capacity lost)" if failed else None
-            )
+            job.sink("done", "the engine aborted the request (engine down or capacity lost)" if failed else None)
 
     def _advanced(self) -> None:
         """After every advance of the simulated clock: report new tokens of every streaming job."""

@@ -63,9 +63,7 @@ class ApiError(Exception):
         return (_rebuild_error, (self.status, self.message, self.kind, self.param, self.retry_after_s))
 
 
-def _rebuild_error(
-    status: int, message: str, kind: str, param: str | None, retry_after_s: float | None
-) -> ApiError:
+def _rebuild_error(status: int, message: str, kind: str, param: str | None, retry_after_s: float | None) -> ApiError:
     return ApiError(status, message, kind=kind, param=param, retry_after_s=retry_after_s)
 
 

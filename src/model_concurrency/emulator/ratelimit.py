@@ -69,9 +69,8 @@ class RateLimiter:
         429 whose ``Retry-After`` would be a lie).
         """
         if self.tokens is not None and tokens > self.tokens.per_minute:
-            raise ValueError(
-                f"the request needs {tokens} tokens, more than the limit of {self.tokens.per_minute:g} tokens per minute"
-            )
+            limit = self.tokens.per_minute
+            raise ValueError(f"the request needs {tokens} tokens, more than the limit of {limit:g} tokens per minute")
         waits = []
         if self.requests is not None:
             waits.append((self.requests.wait_for(1, now), "requests"))

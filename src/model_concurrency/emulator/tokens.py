@@ -16,10 +16,12 @@ streamed text gets the ``completion_tokens`` the emulator reports.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["TokenCounter", "make_counter"]
 
@@ -48,10 +50,10 @@ def make_counter(name: str) -> TokenCounter:
     if not path.is_file():
         raise ValueError(f"tokenizer must be 'chars4', 'words' or a tokenizer.json path; {name!r} is none of them")
     try:
-        from tokenizers import Tokenizer
+        tokenizers = importlib.import_module("tokenizers")  # optional: only this option needs it
     except ImportError:
         raise ValueError(f"tokenizer {name!r} needs the 'tokenizers' package (pip install tokenizers)") from None
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer: Any = tokenizers.Tokenizer.from_file(str(path))
 
     def count(text: str) -> int:
         return max(1, len(tokenizer.encode(text, add_special_tokens=False).ids))
