@@ -45,7 +45,9 @@ def gauges(text: str) -> tuple[float, float]:
     return running, waiting
 
 
-async def load(emu: RunningEmulator, clients: int, seconds: float, warmup: float, max_num_seqs: int) -> dict[str, Any]:
+async def load(
+    emu: RunningEmulator, clients: int, seconds: float, warmup: float, max_num_seqs: int, *, shared_pool: bool = False
+) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     done = 0
     errors = 0
@@ -59,7 +61,12 @@ async def load(emu: RunningEmulator, clients: int, seconds: float, warmup: float
             # O(N) per call and would make the client, not the emulator, the bottleneck.
             nonlocal done, errors
             body = {"model": emu.model, "input": f"item {i:05d} " + "x" * 21}  # 32 chars: 8 tokens
-            async with httpx.AsyncClient(base_url=emu.url, timeout=120) as own:
+            async with contextlib.AsyncExitStack() as stack:
+                own = (
+                    http
+                    if shared_pool
+                    else await stack.enter_async_context(httpx.AsyncClient(base_url=emu.url, timeout=120))
+                )
                 while not stop:
                     response = await own.post("/v1/embeddings", json=body)
                     if measuring:
@@ -116,6 +123,11 @@ def main() -> None:
     parser.add_argument("--preset", default="bge-m3")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--time-scale", type=float, default=0.025)
+    parser.add_argument(
+        "--shared-pool",
+        action="store_true",
+        help="all clients share one httpx pool (costs the client O(N) per call: the client becomes the bottleneck)",
+    )
     args = parser.parse_args()
     config = EmulatorConfig(
         preset=args.preset,
@@ -127,7 +139,8 @@ def main() -> None:
     counts = [int(c) for c in args.clients.split(",")]
     print(
         f"preset {args.preset}, max_num_seqs {args.max_num_seqs}, time scale {args.time_scale}, no front-end cost, "
-        f"{args.seconds:g} s per run after {args.warmup:g} s warm-up, /metrics every 100 ms"
+        f"{args.seconds:g} s per run after {args.warmup:g} s warm-up, /metrics every 100 ms, "
+        f"{'one shared httpx pool' if args.shared_pool else 'one connection per client'}"
     )
     print(
         "| served as | clients | req/s | ÷ first | engine full | nearly idle | median running / waiting "
@@ -140,7 +153,9 @@ def main() -> None:
         for n in counts:
             before = os.times()
             with served(mode, config) as emu:
-                result = asyncio.run(load(emu, n, args.seconds, args.warmup, args.max_num_seqs))
+                result = asyncio.run(
+                    load(emu, n, args.seconds, args.warmup, args.max_num_seqs, shared_pool=args.shared_pool)
+                )
             after = os.times()
             own = after.user + after.system - before.user - before.system
             children = after.children_user + after.children_system - before.children_user - before.children_system

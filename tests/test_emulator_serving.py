@@ -317,3 +317,26 @@ def test_children_exit_when_the_parent_is_killed() -> None:
         for pid in children:  # only ours, by pid, and only if the test failed
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_in_process_app_over_httpx_asgi_transport() -> None:
+    """The same app with the core in the caller's event loop (no server, no lifespan): started lazily."""
+    import asyncio
+
+    from model_concurrency.emulator import create_app
+
+    async def main() -> tuple[int, int, str]:
+        app = create_app(EmulatorConfig(preset="llama-8b-h100", time_scale=5.0))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://emulator") as http:
+            r = await http.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "ignore_eos": True})
+            streamed = await http.post(
+                "/v1/completions", json={"prompt": "a b", "max_tokens": 4, "ignore_eos": True, "stream": True}
+            )
+            page = (await http.get("/metrics")).text
+        await app.state.emulator.link.stop()
+        return r.json()["usage"]["completion_tokens"], streamed.text.count("data: "), page
+
+    completion, events, page = asyncio.run(main())
+    assert completion == 3 and events == 5  # 4 token chunks + [DONE]
+    assert generation_tokens(page) == 7
