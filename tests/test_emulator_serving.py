@@ -169,6 +169,19 @@ def test_openai_client_streams_from_the_served_processes(served: RunningEmulator
     assert client.embeddings.create(model=served.model, input=["a", "b"]).usage.prompt_tokens == 2
 
 
+def test_dropping_a_stream_aborts_its_request_in_the_engine_process(served: RunningEmulator) -> None:
+    before = served.capacity()["aborted"]
+    body = {"prompt": "long", "max_tokens": 5000, "ignore_eos": True, "stream": True}  # ≈ 30 s of decoding
+    with httpx.stream("POST", f"{served.base_url}/completions", json=body, timeout=30) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert json.loads(first.removeprefix("data: "))["choices"][0]["finish_reason"] is None
+    deadline = time.monotonic() + 30
+    while served.capacity()["aborted"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = served.capacity()
+    assert state["aborted"] == before + 1 and state["inflight"] == 0
+
+
 def test_served_processes_share_one_engine(served: RunningEmulator) -> None:
     """Calls through both front-ends land in the one engine process: its counters see them all."""
     page = parse_vllm_metrics(httpx.get(served.metrics_url).text, served.model)
