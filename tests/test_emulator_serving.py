@@ -353,3 +353,18 @@ def test_in_process_app_over_httpx_asgi_transport() -> None:
     completion, events, page = asyncio.run(main())
     assert completion == 3 and events == 5  # 4 token chunks + [DONE]
     assert generation_tokens(page) == 7
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"frontends": 0}, "frontends"),
+        ({"time_scale": 0.0}, "time_scale"),
+        ({"requests_per_minute": -1.0}, "per-minute"),
+        ({"tokenizer": "nonsense"}, "tokenizer"),
+        ({"max_model_len": 1}, "max_model_len"),
+    ],
+)
+def test_bad_config_fails_before_serving(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message), serve_in_processes(EmulatorConfig(**changes)):  # type: ignore[arg-type]
+        pass

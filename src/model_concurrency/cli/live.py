@@ -78,10 +78,7 @@ def emulate(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         max_model_len=args.max_model_len,
     )
-    config.validate()  # unknown preset, bad counts or limits: fail before binding anything
-    from model_concurrency.emulator.tokens import make_counter
-
-    make_counter(config.tokenizer)
+    config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)
 
 

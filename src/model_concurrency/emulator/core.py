@@ -26,6 +26,7 @@ import simpy
 from model_concurrency.emulator.clock import SimDriver
 from model_concurrency.emulator.openai_shapes import ApiError
 from model_concurrency.emulator.ratelimit import RateLimited, RateLimiter
+from model_concurrency.emulator.tokens import make_counter
 from model_concurrency.engine import EngineDownError, EnginePreset, FrontEndCost, Request, Server, get_preset
 from model_concurrency.engine.request import LENGTH, STOP
 
@@ -70,7 +71,7 @@ class EmulatorConfig:
         return preset.replace(**changes) if changes else preset
 
     def validate(self) -> None:
-        """Fail before binding anything: unknown preset, impossible counts or limits."""
+        """Fail before binding anything: unknown preset, impossible counts or limits, unusable tokenizer."""
         self.engine_preset()
         if self.engines < 1:
             raise ValueError("engines must be >= 1")
@@ -78,7 +79,10 @@ class EmulatorConfig:
             raise ValueError("frontends must be >= 1")
         if not self.time_scale > 0 or not math.isfinite(self.time_scale):
             raise ValueError(f"time_scale must be a positive number, got {self.time_scale!r}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         RateLimiter(self.requests_per_minute, self.tokens_per_minute)
+        make_counter(self.tokenizer)
 
 
 @dataclass(frozen=True, slots=True)

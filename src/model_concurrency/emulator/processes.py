@@ -10,6 +10,10 @@ accept on one listening socket created by the parent.
 Lifetime: every child exits when its parent does. The children poll their parent's pid (``os.getppid()``
 changes when the parent dies, even by SIGKILL) and stop; a front-end also stops when its engine connection drops.
 The parent stops its children by their own pids (terminate, then kill after a grace period).
+
+Children are started with the ``spawn`` method (no fork of a parent that may hold threads), so a script that
+starts the emulator from Python must guard its entry point with ``if __name__ == "__main__":``, as for any
+``multiprocessing`` program.
 """
 
 from __future__ import annotations
