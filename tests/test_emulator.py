@@ -96,8 +96,11 @@ def test_models_health_and_metrics(emu: RunningEmulator) -> None:
         ("/embeddings", {"model": "BAAI/bge-m3", "input": "x" * 40_000}, 400, "input"),
         ("/embeddings", {"model": "nope", "input": "x"}, 404, "model"),
         ("/chat/completions", {"model": "BAAI/bge-m3", "messages": []}, 400, "messages"),
-        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "stream"),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
         ("/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+        ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+        ("/completions", {"prompt": "x", "ignore_eos": "no"}, 400, "ignore_eos"),
+        ("/completions", {"prompt": "x", "max_tokens": 9000}, 400, "max_tokens"),
     ],
 )
 def test_errors_are_openai_json(

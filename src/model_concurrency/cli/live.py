@@ -31,6 +31,16 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not simulate API-server CPU per request (the emulator's own HTTP stack is a real one)",
     )
+    e.add_argument("--frontends", type=int, default=1, help="HTTP front-end processes feeding the one engine process")
+    e.add_argument("--rpm", type=float, help="requests per (simulated) minute; beyond it: 429 with Retry-After")
+    e.add_argument("--tpm", type=float, help="tokens (prompt + max output) per (simulated) minute; beyond it: 429")
+    e.add_argument(
+        "--tokenizer",
+        default="chars4",
+        help="prompt token counting: chars4 (4 chars/token), words (the Whitespace pre-tokenizer split), "
+        "or a tokenizer.json path (needs the tokenizers package)",
+    )
+    e.add_argument("--max-model-len", type=int, default=8192, help="context length: prompt + output tokens")
     e.add_argument("--log-level", default="info")
     e.set_defaults(func=emulate)
 
@@ -62,10 +72,14 @@ def emulate(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         served_model_name=args.served_model_name,
         simulate_frontend=not args.no_frontend_cost,
+        frontends=args.frontends,
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        tokenizer=args.tokenizer,
+        max_model_len=args.max_model_len,
     )
-    config.engine_preset()  # unknown preset: fail with the preset list before binding anything
-    serve(config, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
+    return serve(config, host=args.host, port=args.port, log_level=args.log_level)
 
 
 # ---------------------------------------------------------------------------------------------------- run

@@ -1,14 +1,16 @@
-"""Drive a SimPy environment on the wall clock, from inside the event loop that serves HTTP.
+"""Drive a SimPy environment on the wall clock, from inside an event loop.
 
 The engine model is single-threaded SimPy code, so the only safe place to advance it is the thread that also
-submits requests and reads ``/metrics``: the event loop. A :class:`SimDriver` maps wall time to simulated time
-(``sim = start + elapsed × time_scale``), and one asyncio task sleeps until the next simulated event is due, then
-runs the environment up to "now". Handlers call :meth:`SimDriver.sync` before they touch the model (so a request
-arrives at the current simulated time and a scrape sees current gauges) and :meth:`SimDriver.poke` after they
-submit (a new request may need the engine sooner than the timer planned to wake).
+submits requests and reads ``/metrics``: the event loop of the engine process (served form) or of the ASGI server
+(in-process form). A :class:`SimDriver` maps wall time to simulated time (``sim = start + elapsed × time_scale``),
+and one loop timer sleeps until the next simulated event is due, then runs the environment up to "now" and calls
+``on_advance`` (the core reports streamed tokens from there). Callers :meth:`SimDriver.sync` before they touch
+the model (so a request arrives at the current simulated time and a scrape sees current gauges) and
+:meth:`SimDriver.poke` after they submit (a new request may need the engine sooner than the timer planned).
 
-Completions fire inside ``env.run`` as plain callbacks on this same thread; they resolve asyncio futures, which
-is all the handlers wait on. No thread ever races on the environment.
+Completions fire inside ``env.run`` as plain callbacks on this same thread. No thread ever races on the
+environment. In the in-process form a busy HTTP loop delays the timer, so simulated time then catches up in a
+jump; the served form avoids that by giving the driver a loop of its own (:mod:`.processes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["SimDriver"]
@@ -31,7 +34,14 @@ class SimDriver:
     costs one wake-up per ``max_sleep_s`` and a busy one one per engine step, never a spinning task.
     """
 
-    def __init__(self, env: Any, time_scale: float = 1.0, *, max_sleep_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        env: Any,
+        time_scale: float = 1.0,
+        *,
+        max_sleep_s: float = 0.05,
+        on_advance: Callable[[], None] | None = None,
+    ) -> None:
         if not time_scale > 0 or not math.isfinite(time_scale):
             raise ValueError(f"time_scale must be a positive number, got {time_scale!r}")
         self.env = env
@@ -41,6 +51,7 @@ class SimDriver:
         self._sim0 = float(env.now)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._on_advance = on_advance
 
     def sim_now(self) -> float:
         """The simulated time the wall clock says it is (the environment catches up on :meth:`sync`)."""
@@ -55,6 +66,8 @@ class SimDriver:
         # ``run(until=...)`` leaves its spent stop event queued at ``now``; events due exactly now are due anyway.
         while env.peek() <= env.now:
             env.step()
+        if self._on_advance is not None:
+            self._on_advance()
 
     def start(self) -> None:
         """Start driving on the running loop (idempotent)."""

@@ -1,11 +1,15 @@
-"""Serving the emulator with uvicorn: in the foreground (the CLI) or in a background thread (tests, benchmarks).
+"""Serving the emulator: in the foreground (the CLI), in an engine process plus front-end processes started from
+Python (benchmarks, live tests), or in a background thread with the engine in uvicorn's own loop (quick tests).
 
-The background form binds its own socket to ``127.0.0.1:0`` before uvicorn starts, so the port is known up front
-and two tests can never race for the same "free" port.
+The foreground and process forms run the engine core in its own process (:mod:`.processes`), so HTTP load never
+stalls the simulated clock. The thread form keeps everything in one event loop: fine for tests that send a
+handful of calls, not for load. Every form binds its socket before serving, so the port is known up front and
+two tests can never race for the same "free" port.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -18,7 +22,7 @@ import httpx
 
 from model_concurrency.emulator.app import EmulatorConfig, create_app
 
-__all__ = ["RunningEmulator", "serve", "serve_in_thread"]
+__all__ = ["RunningEmulator", "serve", "serve_in_processes", "serve_in_thread"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +89,43 @@ def serve_in_thread(config: EmulatorConfig | None = None, *, log_level: str = "w
         sock.close()
 
 
-def serve(config: EmulatorConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve in the foreground until interrupted (``model-concurrency emulate``)."""
-    import uvicorn
+@contextmanager
+def serve_in_processes(
+    config: EmulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+) -> Iterator[RunningEmulator]:
+    """The served emulator as ``model-concurrency emulate`` runs it: an engine process and ``config.frontends``
+    HTTP front-end processes (children of this one, stopped by pid when the block exits)."""
+    from model_concurrency.emulator.processes import running_processes
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False)
+    with running_processes(config or EmulatorConfig(), host=host, port=port, log_level=log_level) as procs:
+        yield RunningEmulator(url=procs.url, model=procs.model)
+
+
+def serve(config: EmulatorConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+    """Serve in the foreground until SIGINT/SIGTERM or until a child process dies (then exit code 1)."""
+    from model_concurrency.emulator.processes import start_processes
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    procs = start_processes(config, host=host, port=port, log_level=log_level)
+    code = 0
+    try:
+        print(
+            f"emulating {procs.model} at {procs.url}/v1 (engine pid {procs.engine.pid}, "
+            f"front-end pids {[p.pid for p in procs.frontends]}); Ctrl-C stops",
+            flush=True,
+        )
+        while not stopping.wait(0.5):
+            if (dead := procs.failed()) is not None:
+                print(f"emulator process {dead.name} exited with code {dead.exitcode}; stopping", flush=True)
+                code = 1
+                break
+    finally:
+        procs.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
