@@ -165,7 +165,8 @@ class Event:
     def __post_init__(self) -> None:
         where = f"[[events]] {self.action} at {self.at_s:g} s: "
         if self.action not in ACTIONS:
-            raise ValueError(f"{where}unknown action; known: {', '.join(sorted(ACTIONS))}")
+            known = ", ".join(sorted(ACTIONS))
+            raise ValueError(f"[[events]] at {self.at_s:g} s: unknown event action {_toml(self.action)}; known: {known}")
         _at_least(where, "at_s", self.at_s, 0)
         _at_least(where, "count", self.count, 1)
         _at_least(where, "replica", self.replica, 0)
