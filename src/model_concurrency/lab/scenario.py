@@ -166,7 +166,8 @@ class Event:
         where = f"[[events]] {self.action} at {self.at_s:g} s: "
         if self.action not in ACTIONS:
             known = ", ".join(sorted(ACTIONS))
-            raise ValueError(f"[[events]] at {self.at_s:g} s: unknown event action {_toml(self.action)}; known: {known}")
+            action = _toml(self.action)
+            raise ValueError(f"[[events]] at {self.at_s:g} s: unknown event action {action}; known: {known}")
         _at_least(where, "at_s", self.at_s, 0)
         _at_least(where, "count", self.count, 1)
         _at_least(where, "replica", self.replica, 0)
