@@ -140,6 +140,10 @@ def test_run_rejects_zero_items(capsys: pytest.CaptureFixture[str]) -> None:
         ("[clients]\ncolour = 1", "[clients] has unknown keys ['colour']"),
         ("events = 3", "events must be an array of tables ([[events]])"),
         ("duration_s = ", "not valid TOML"),
+        ('[fleet]\npreset = "h200"', "fleet.preset = \"h200\": unknown engine preset 'h200'; known: "),
+        ("[fleet.engine]\ncolour = 1", "[fleet.engine] has unknown keys ['colour']"),
+        ('[fleet.engine]\nmax_num_seqs = "x"', 'fleet.engine.max_num_seqs = "x": expected an integer'),
+        ("[fleet.engine]\nmax_num_seqs = 0", "[fleet.engine] max_num_seqs and max_num_batched_tokens must be >= 1"),
     ],
 )
 def test_bad_scenario_names_the_key(

@@ -283,7 +283,29 @@ def scenario_from_dict(data: dict[str, Any], default_name: str = "scenario") -> 
     if unknown:
         raise ValueError(f"scenario has unknown keys {sorted(unknown)}")
     _check_types(Scenario, data, "")
+    _check_engine(parts["fleet"])
     return Scenario(events=tuple(sorted(events, key=lambda e: e.at_s)), **parts, **data)
+
+
+def _check_engine(fleet: Fleet) -> None:
+    """The engine preset exists and ``[fleet.engine]`` overrides fields it has, with values it accepts."""
+    try:
+        from model_concurrency.engine.presets import EnginePreset, get_preset
+    except ModuleNotFoundError:  # no simulator installed: the command that simulates reports the missing extra
+        return
+    try:
+        preset = get_preset(fleet.preset)
+    except ValueError as exc:
+        raise ValueError(f"fleet.preset = {_toml(fleet.preset)}: {exc}") from None
+    known = {f.name for f in dataclasses.fields(EnginePreset)} - {"name", "model_name", "step", "frontend"}
+    unknown = set(fleet.engine) - known
+    if unknown:
+        raise ValueError(f"[fleet.engine] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    _check_types(EnginePreset, fleet.engine, "fleet.engine.")
+    try:
+        preset.replace(**fleet.engine)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[fleet.engine] {exc}") from None
 
 
 def bundled_scenarios() -> dict[str, Path]:
