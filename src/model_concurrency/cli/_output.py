@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["fmt", "print_table", "progress_bar"]
 
@@ -88,7 +88,7 @@ def _print_rich(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], title
         return False
     table = Table(title=title or None)
     for column in columns:
-        justify = "left" if column in ("scenario", "policy", "key", "model") else "right"
+        justify: Literal["left", "right"] = "left" if column in ("scenario", "policy", "key", "model") else "right"
         table.add_column(column, justify=justify, no_wrap=True)
     cells = [[fmt(row.get(c)) for c in columns] for row in rows]
     for line in cells:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import tomllib
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["register"]
@@ -47,7 +48,7 @@ def policy_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def _print(title: str, rows: list[tuple[str, ...]]) -> None:
+def _print(title: str, rows: Sequence[tuple[str, ...]]) -> None:
     print(title)
     width = max((len(r[0]) for r in rows), default=0)
     for name, *rest in rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["register"]
 
@@ -257,7 +257,7 @@ def render_table(rows: list[dict[str, Any]]) -> Any:
 
     table = Table(title=f"model-concurrency watch — {time.strftime('%H:%M:%S')}")
     for title, _ in _COLUMNS:
-        justify = "left" if title in ("model", "metrics", "policy") else "right"
+        justify: Literal["left", "right"] = "left" if title in ("model", "metrics", "policy") else "right"
         # Headers whole; the metrics cell on one line (a failure is a short label, see short_failure).
         table.add_column(title, justify=justify, min_width=len(title), no_wrap=title == "metrics")
     for row in rows:
