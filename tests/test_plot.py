@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from model_concurrency.lab.compare import run_study, write_grid
-from model_concurrency.lab.plot import draw_run, legend_entries
+from model_concurrency.lab.plot import draw_run, legend_entries, plot_run
 from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import load_scenario
 from model_concurrency.policies.registry import load_policy
@@ -47,15 +47,14 @@ def test_kv_usage_has_a_legend_entry() -> None:
     plt.close(fig)
 
 
-def test_grid_has_one_legend_outside_every_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scenarios = [load_scenario(name).scaled(0.03) for name in ("gpu-added", "multi-client")]
-    study = run_study(scenarios, ["aimd", "static"], jobs=1)
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What each saved figure's legends and axes look like as laid out in the file."""
     seen: list[dict[str, Any]] = []
     original = plt.Figure.savefig
 
     def keep(fig: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(fig, *args, **kwargs)
-        renderer = fig.canvas.get_renderer()  # as laid out in the saved file
+        renderer = fig.canvas.get_renderer()
         seen.append(
             {
                 "cell_legends": [ax.get_legend() for ax in fig.axes],
@@ -69,16 +68,37 @@ def test_grid_has_one_legend_outside_every_cell(tmp_path: Path, monkeypatch: pyt
         return result
 
     monkeypatch.setattr(plt.Figure, "savefig", keep)
-    path = write_grid(study, tmp_path / "grid.png")
-    assert path.read_bytes()[:4] == b"\x89PNG"
-    (figure,) = seen
+    return seen
+
+
+def one_legend_clear_of_every_axis(figure: dict[str, Any]) -> list[str]:
     assert figure["cell_legends"] == [None] * len(figure["cells"])
     ((labels, box),) = figure["legends"]
     assert len(labels) == len(set(labels))
-    assert {"target", "in-flight", "running (engine)", "capacity change", "KV usage (right axis)"} <= set(labels)
-    assert not any(label.startswith("target c") for label in labels)
     for title, cell in figure["cells"]:
         assert not box.overlaps(cell), title
+    return list(labels)
+
+
+def test_grid_has_one_legend_outside_every_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scenarios = [load_scenario(name).scaled(0.03) for name in ("gpu-added", "multi-client")]
+    study = run_study(scenarios, ["aimd", "static"], jobs=1)
+    seen = saved_figures(monkeypatch)
+    path = write_grid(study, tmp_path / "grid.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    (figure,) = seen
+    labels = one_legend_clear_of_every_axis(figure)
+    assert {"target", "in-flight", "running (engine)", "capacity change", "KV usage (right axis)"} <= set(labels)
+    assert not any(label.startswith("target c") for label in labels)
+
+
+def test_single_run_plot_has_its_legend_above_the_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = simulate(load_scenario("gpu-added").scaled(0.05), policy_factory=lambda: load_policy("aimd"))
+    seen = saved_figures(monkeypatch)
+    plot_run(trace, tmp_path / "run.png", title="gpu-added")
+    (figure,) = seen
+    labels = one_legend_clear_of_every_axis(figure)
+    assert {"target", "in-flight", "running (engine)", "capacity change", "KV usage (right axis)"} <= set(labels)
 
 
 def test_legend_entries_collapse_per_client_labels() -> None:

@@ -162,7 +162,7 @@ def write_grid(study: Study, path: str | Path, *, dpi: int = 80) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from model_concurrency.lab.plot import draw_run, legend_entries
+    from model_concurrency.lab.plot import draw_run, figure_legend, legend_entries
 
     n_rows, n_cols = len(study.scenarios), len(study.policies)
     fig, axes = plt.subplots(
@@ -180,9 +180,7 @@ def write_grid(study: Study, path: str | Path, *, dpi: int = 80) -> Path:
             axes[2 * i + 1, j].sharex(axes[2 * i, j])
     # One legend for the grid, above it: inside a cell it would cover the curves it explains.
     handles, labels = legend_entries(fig)
-    header_in = 0.2 + 0.2 * -(-len(labels) // max(1, 2 * n_cols))  # legend rows x line height, in inches
-    fig.legend(handles, labels, loc="upper center", ncol=max(1, 2 * n_cols), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - header_in / fig.get_figheight()))
+    figure_legend(fig, handles, labels, ncol=max(1, 2 * n_cols))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

@@ -11,7 +11,7 @@ from typing import Any
 
 from model_concurrency.lab.trace import Trace
 
-__all__ = ["draw_run", "legend_entries", "plot_run"]
+__all__ = ["draw_run", "figure_legend", "legend_entries", "plot_run"]
 
 
 def _mark_changes(ax: Any, trace: Trace) -> None:
@@ -115,6 +115,15 @@ def legend_entries(figure: Any) -> tuple[list[Any], list[str]]:
     return [h for h, _ in kept], [k for _, k in kept]
 
 
+def figure_legend(figure: Any, handles: list[Any], labels: list[str], *, ncol: int) -> None:
+    """One legend above every axis of ``figure``, then the layout below it: a legend inside an axis covers some
+    curve in some run (the top left is where a ramp starts, the top right where a grown target ends)."""
+    figure.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+    rows = -(-len(labels) // max(1, ncol))
+    header_in = 0.2 + 0.2 * rows  # legend rows x line height, in inches
+    figure.tight_layout(rect=(0, 0, 1, 1 - header_in / figure.get_figheight()))
+
+
 def plot_run(trace: Trace, path: str | Path, *, oracle: Trace | None = None, title: str = "") -> Path:
     """Write a two-panel PNG of one run."""
     import matplotlib
@@ -123,8 +132,9 @@ def plot_run(trace: Trace, path: str | Path, *, oracle: Trace | None = None, tit
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    draw_run(axes, trace, oracle, title)
-    fig.tight_layout()
+    draw_run(axes, trace, oracle, title, legend=False)
+    handles, labels = _entries(fig.axes)
+    figure_legend(fig, handles, labels, ncol=5)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
