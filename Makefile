@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= sims/gpu-added.toml
 POLICY ?= adaptive
 
-.PHONY: setup sim test lint bench clean
+.PHONY: setup sim test lint bench wheel clean
 
 setup: $(VENV)/.installed
 
@@ -32,8 +32,14 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest -q
 
+# The wheel users install: policies/ and sims/ ship inside it (see src/model_concurrency/bundled). .ci/run builds it
+# first so tests/test_packaging.py installs this very file into a fresh venv.
+wheel: setup
+	rm -rf dist
+	$(BIN)/python -m pip wheel --no-deps -q -w dist .
+
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) out dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis

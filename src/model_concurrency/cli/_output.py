@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["fmt", "print_table", "progress_bar"]
 
@@ -26,26 +26,55 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+class _Lines:
+    """Progress as plain lines on stderr, one per tenth of the work, for logs and CI where a bar would be noise."""
+
+    def __init__(self, total: float, desc: str, unit: str) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.reported = 0  # tenths already printed
+
+    def __call__(self, position: float, label: str = "") -> None:
+        tenths = int(10 * position / self.total) if self.total > 0 else 10
+        if tenths <= self.reported:
+            return
+        self.reported = min(tenths, 10)
+        done = f"{position:,.0f}/{self.total:,.0f} {self.unit}"
+        print(
+            f"{self.desc}: {done} ({10 * self.reported} %){f' {label}' if label else ''}", file=sys.stderr, flush=True
+        )
+
+
 @contextmanager
-def progress_bar(total: float, desc: str, *, enabled: bool = True) -> Iterator[Callable[[float], None]]:
-    """Yields ``update(position)``; a tqdm bar on a terminal, nothing otherwise."""
+def progress_bar(
+    total: float, desc: str, *, enabled: bool = True, unit: str = "sim-s"
+) -> Iterator[Callable[..., None]]:
+    """Yields ``update(position, label="")``: a tqdm bar on a terminal, a line per 10 % on stderr otherwise."""
     bar: Any = None
+    lines: _Lines | None = None
     if enabled and sys.stderr.isatty():
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=round(total), desc=desc, unit="sim-s", leave=False, file=sys.stderr)
+            bar = tqdm(total=round(total), desc=desc, unit=unit, leave=False, file=sys.stderr)
         except ImportError:
             bar = None
+    if enabled and bar is None:
+        lines = _Lines(total, desc, unit)
     last = [0.0]
 
-    def update(position: float) -> None:
+    def update(position: float, label: str = "") -> None:
+        if lines is not None:
+            lines(position, label)
         if bar is not None and position - last[0] >= 1:
+            if label:
+                bar.set_postfix_str(label, refresh=False)
             bar.update(round(position - last[0]))
             last[0] = position
 
     try:
         yield update
+        if lines is not None:
+            lines(total)  # the closing 100 % line, which the last update may have stopped short of
     finally:
         if bar is not None:
             bar.close()
@@ -59,10 +88,15 @@ def _print_rich(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], title
         return False
     table = Table(title=title or None)
     for column in columns:
-        table.add_column(column, justify="left" if column in ("scenario", "policy", "key", "model") else "right")
-    for row in rows:
-        table.add_row(*(fmt(row.get(c)) for c in columns))
-    Console(width=max(100, 14 * len(columns))).print(table)
+        justify: Literal["left", "right"] = "left" if column in ("scenario", "policy", "key", "model") else "right"
+        table.add_column(column, justify=justify, no_wrap=True)
+    cells = [[fmt(row.get(c)) for c in columns] for row in rows]
+    for line in cells:
+        table.add_row(*line)
+    # Wide enough for every header and cell in full: rich would otherwise cut them to fit (goodput_rat…).
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)] if cells else []
+    needed = sum(widths) + 3 * len(columns) + 1
+    Console(width=max(80, needed)).print(table)
     return True
 
 

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
 
-DEFAULT_POLICIES = "aimd,seed-aimd,aimd-slowstart,capacity"
+# The default policy first, then the alternatives it was chosen over.
+DEFAULT_POLICIES = "adaptive,aimd,seed-aimd,aimd-slowstart,capacity"
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare", help="run scenarios × policies side by side, with the oracle", description=__doc__
     )
-    p.add_argument("scenarios", type=Path, nargs="+", help="scenario TOML files, e.g. sims/*.toml")
+    p.add_argument(
+        "scenarios",
+        nargs="+",
+        help="scenario TOML files or bundled scenario names (model-concurrency list), e.g. sims/*.toml or ramp",
+    )
     p.add_argument(
         "--policies",
         default=DEFAULT_POLICIES,
@@ -32,18 +36,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="compare", unit="run", file=sys.stderr, disable=not sys.stderr.isatty())
-
-
 def run(args: argparse.Namespace) -> int:
-    from model_concurrency.cli._output import print_table
+    from model_concurrency.cli._output import print_table, progress_bar
     from model_concurrency.lab.compare import COLUMNS, run_study, write_csv, write_grid, write_markdown
     from model_concurrency.lab.scenario import load_scenario
 
@@ -53,18 +47,15 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
     scenarios = [load_scenario(path).scaled(args.scale) for path in args.scenarios]
-    bar = _bar(len(scenarios) * (len(policies) + 1), not args.quiet)
+    total = len(scenarios) * (len(policies) + 1)  # each scenario's oracle, then its pairs
+    with progress_bar(total, "compare", enabled=not args.quiet, unit="runs") as update:
+        done = [0]
 
-    def progress(label: str) -> None:
-        if bar is not None:
-            bar.set_postfix_str(label, refresh=False)
-            bar.update(1)
+        def progress(label: str) -> None:
+            done[0] += 1
+            update(done[0], label)
 
-    try:
         study = run_study(scenarios, policies, jobs=args.jobs or os.cpu_count(), progress=progress)
-    finally:
-        if bar is not None:
-            bar.close()
     out: Path = args.out
     written = [write_markdown(study.rows, out / "compare.md"), write_csv(study.rows, out / "compare.csv")]
     if not args.no_plot:

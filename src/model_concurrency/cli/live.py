@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    e = subparsers.add_parser("emulate", help="serve an emulated vLLM (OpenAI API + /metrics) from the engine model")
+    e = subparsers.add_parser(
+        "emulate",
+        help="serve an emulated vLLM (OpenAI API + /metrics) from the engine model",
+        description="Serve vLLM's OpenAI-compatible API (/v1/models, /v1/embeddings, /v1/completions, "
+        "/v1/chat/completions) and its /metrics page from the SimPy engine model, so the live paths (run, watch, "
+        "your own client) can be tried without a GPU. Ctrl-C stops it.",
+    )
     e.add_argument("--preset", default="bge-m3", help="engine preset: bge-m3, llama-8b-h100, llama-8b-a100")
-    e.add_argument("--host", default="127.0.0.1")
-    e.add_argument("--port", type=int, default=8000)
+    e.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    e.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000, as vllm serve)")
     e.add_argument("--max-num-seqs", type=int, help="override the preset's max_num_seqs")
     e.add_argument("--engines", type=int, default=1, help="engine cores behind this server (data parallel)")
     e.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
@@ -41,20 +46,36 @@ def register(subparsers: Any) -> None:
         "or a tokenizer.json path (needs the tokenizers package)",
     )
     e.add_argument("--max-model-len", type=int, default=8192, help="context length: prompt + output tokens")
-    e.add_argument("--log-level", default="info")
+    e.add_argument(
+        "--log-level",
+        default="info",
+        help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
+    )
     e.set_defaults(func=emulate)
 
-    r = subparsers.add_parser("run", help="embed N synthetic inputs through map_concurrent with the adaptive target")
+    r = subparsers.add_parser(
+        "run",
+        help="embed N synthetic inputs through map_concurrent with the adaptive target",
+        description="Embed --items synthetic texts against a live OpenAI-compatible server (a vLLM, or "
+        "`model-concurrency emulate`) through map_concurrent, with the controller sizing the fan-out from the "
+        "server's /metrics; then print the throughput and the path the target took.",
+    )
     r.add_argument("--model", required=True, help="registry name for the model (e.g. bge-m3)")
     r.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    r.add_argument("--items", type=int, default=5000)
+    r.add_argument("--items", type=int, default=5000, help="number of synthetic inputs to embed (default 5000)")
     r.add_argument("--served-model-name", help="default: the first id GET {base-url}/models lists")
     r.add_argument("--floor", type=int, default=4, help="static capacity: the target never goes below it")
     r.add_argument("--input-chars", type=int, default=32, help="characters per synthetic input")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=run)
 
-    w = subparsers.add_parser("watch", help="live table of every registered model's target and engine signals")
+    w = subparsers.add_parser(
+        "watch",
+        help="live table of every registered model's target and engine signals",
+        description="Poll every model in a models TOML file ([models.NAME] tables, as MODEL_CONCURRENCY_CONFIG "
+        "reads them) and show, refreshed every poll, each one's target, bounds, in-flight calls and the engine "
+        "signals its controller sees. Ctrl-C stops it.",
+    )
     w.add_argument("--config", help="models TOML to load (else MODEL_CONCURRENCY_CONFIG)")
     w.add_argument("--interval", type=float, help="refresh seconds (default: MODEL_CONCURRENCY_POLL_S)")
     w.add_argument("--once", action="store_true", help="print one table and exit")
@@ -83,16 +104,35 @@ def emulate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- run
+def check_base_url(base_url: str) -> str:
+    """``base_url`` without its trailing slash, or a ValueError saying what an OpenAI base URL looks like."""
+    import httpx
+
+    try:
+        url = httpx.URL(base_url.strip())
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"--base-url {base_url!r} is not a URL ({exc}); e.g. http://127.0.0.1:8000/v1") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"--base-url {base_url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+    return str(url).rstrip("/")
+
+
 def served_name_from(base_url: str) -> str:
     """The first model id the server lists (vLLM serves one), so ``--served-model-name`` is rarely needed."""
     import httpx
 
-    response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=10)
+    url = f"{base_url.rstrip('/')}/models"
+    response = httpx.get(url, timeout=10)
     response.raise_for_status()
-    data = response.json().get("data") or []
-    if not data:
-        raise ValueError(f"{base_url}/models lists no model; pass --served-model-name")
-    return str(data[0]["id"])
+    try:
+        data = response.json().get("data") or []
+        return str(data[0]["id"])
+    except IndexError:
+        raise ValueError(f"GET {url} lists no model; pass --served-model-name") from None
+    except (ValueError, AttributeError, KeyError, TypeError):
+        raise ValueError(
+            f"GET {url} did not answer an OpenAI model list: is --base-url the OpenAI-compatible one (…/v1)?"
+        ) from None
 
 
 def synthetic_inputs(n: int, chars: int) -> list[str]:
@@ -117,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.items < 1 or args.floor < 1:
         raise ValueError("--items and --floor must be >= 1")
-    base_url = args.base_url.rstrip("/")
+    base_url = check_base_url(args.base_url)
     served = args.served_model_name or served_name_from(base_url)
     register_model(args.model, base_url=base_url, served_model_name=served, max_parallel_calls=args.floor)
     inputs = synthetic_inputs(args.items, args.input_chars)
@@ -139,39 +179,39 @@ async def _fan_out(
 ) -> tuple[float, list[int]]:
     from model_concurrency import hooks, map_concurrent
     from model_concurrency.cli._http import ShardedClient
+    from model_concurrency.cli._output import progress_bar
 
-    bar: Any = None
-    if not args.quiet and sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(inputs), desc=f"embed / {args.model}", unit="item", file=sys.stderr)
-        except ImportError:
-            bar = None
     start = 0.0
+    done = 0
 
     async def sample() -> None:
         while True:
             samples.append((time.monotonic() - start, int(hooks.get_utilization(args.model)["current_target"])))
             await asyncio.sleep(0.1)
 
+    desc = f"embed / {args.model}"
     async with ShardedClient() as client:
-        start = time.monotonic()
+        with progress_bar(len(inputs), desc, enabled=not args.quiet, unit="items") as update:
+            start = time.monotonic()
 
-        async def embed(text: str) -> int:
-            response = await client.post(f"{base_url}/embeddings", json={"model": served, "input": text})
-            response.raise_for_status()
-            if bar is not None:
-                bar.update(1)
-            return int(response.json()["usage"]["prompt_tokens"])
+            async def embed(text: str) -> int:
+                nonlocal done
+                response = await client.post(f"{base_url}/embeddings", json={"model": served, "input": text})
+                response.raise_for_status()
+                done += 1
+                update(done)
+                try:
+                    return int(response.json()["usage"]["prompt_tokens"])
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(
+                        f"POST {base_url}/embeddings did not answer an OpenAI embedding response"
+                    ) from None
 
-        sampler = asyncio.ensure_future(sample())
-        try:
-            results = await map_concurrent(inputs, embed, model=args.model)
-        finally:
-            sampler.cancel()
-            if bar is not None:
-                bar.close()
+            sampler = asyncio.ensure_future(sample())
+            try:
+                results = await map_concurrent(inputs, embed, model=args.model)
+            finally:
+                sampler.cancel()
     elapsed = time.monotonic() - start
     samples.append((elapsed, int(hooks.get_utilization(args.model)["current_target"])))
     return elapsed, results
@@ -207,9 +247,21 @@ def utilization_rows() -> list[dict[str, Any]]:
         kv = row.get("kv_cache_usage")
         row["kv_cache_usage"] = None if kv is None else f"{100 * kv:.1f}%"
         ok = row.get("metrics_ok")
-        row["metrics_ok"] = "static" if ok is None else ("ok" if ok else f"failed: {row.get('last_error') or ''}"[:40])
+        row["metrics_ok"] = "static" if ok is None else ("ok" if ok else short_failure(row.get("last_error")))
         rows.append(row)
     return rows
+
+
+def short_failure(error: Any) -> str:
+    """``failed (ConnectError)`` from ``ScrapeError: ConnectError: All connection attempts failed``.
+
+    The innermost exception name says what went wrong in a cell that fits a table; the whole message is in the
+    controller's warning log line.
+    """
+    if not error:
+        return "failed"
+    names = [part for part in str(error).split(": ") if part.isidentifier()]
+    return f"failed ({names[-1]})" if names else f"failed ({str(error)[:24]})"
 
 
 def render_table(rows: list[dict[str, Any]]) -> Any:
@@ -219,10 +271,45 @@ def render_table(rows: list[dict[str, Any]]) -> Any:
 
     table = Table(title=f"model-concurrency watch — {time.strftime('%H:%M:%S')}")
     for title, _ in _COLUMNS:
-        table.add_column(title, justify="left" if title in ("model", "metrics", "policy") else "right")
+        justify: Literal["left", "right"] = "left" if title in ("model", "metrics", "policy") else "right"
+        # Headers whole; the metrics cell on one line (a failure is a short label, see short_failure).
+        table.add_column(title, justify=justify, min_width=len(title), no_wrap=title == "metrics")
     for row in rows:
         table.add_row(*(fmt(row.get(key)) for _, key in _COLUMNS))
     return table
+
+
+def load_watch_config(path: str) -> None:
+    """``config.load_config``, with any error naming the file and, when one entry is at fault, the model."""
+    import tomllib
+
+    from model_concurrency import config
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"--config {path}: no models; expected [models.NAME] tables with base_url = ...")
+    for name, table in models.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"--config {path}: models.{name} must be a table ([models.{name}])")
+        for key in ("base_url", "metrics_url", "prometheus_url", "served_model_name", "api_key_env", "policy"):
+            if key in table and not isinstance(table[key], str):
+                raise ValueError(f"--config {path}: model {name!r}: {key} = {table[key]!r}: expected a string")
+        try:
+            config._spec_from_table(name, table)
+        except (ValueError, TypeError, AttributeError) as exc:
+            reason = str(exc).removeprefix(f"model {name!r}: ")
+            raise ValueError(f"--config {path}: model {name!r}: {reason}") from None
+    try:
+        config.load_config(path)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from None
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -232,19 +319,21 @@ def watch(args: argparse.Namespace) -> int:
     from model_concurrency import config
 
     if args.config:
-        config.load_config(args.config)
+        load_watch_config(args.config)
     if not config.registered_models():
-        print(
-            "model-concurrency: no registered models (pass --config or set MODEL_CONCURRENCY_CONFIG)", file=sys.stderr
-        )
-        return 2
-    console = Console(width=max(120, Console().width))
+        raise ValueError("no registered models: pass --config models.toml or set MODEL_CONCURRENCY_CONFIG")
+    from rich.measure import Measurement
+
+    table = render_table(utilization_rows())
+    console = Console()
+    # As wide as the table wants, so no column is cut to fit a narrow (or absent) terminal.
+    console.width = max(console.width, Measurement.get(console, console.options.update_width(1000), table).maximum)
     if args.once:
-        console.print(render_table(utilization_rows()))
+        console.print(table)
         return 0
     interval = args.interval if args.interval is not None else config.setting(*config.POLL_S)
     interval = max(0.2, float(interval))
-    with Live(render_table(utilization_rows()), console=console, refresh_per_second=4) as live:
+    with Live(table, console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(interval)
             live.update(render_table(utilization_rows()))

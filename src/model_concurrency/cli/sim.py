@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="simulate a scenario (sims/*.toml) under a policy", description=__doc__)
-    p.add_argument("scenario", type=Path, help="scenario TOML file, e.g. sims/gpu-added.toml")
+    p.add_argument("scenario", help="scenario TOML file or bundled scenario name (model-concurrency list), e.g. ramp")
     p.add_argument(
         "--policy",
         default=None,

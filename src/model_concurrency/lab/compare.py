@@ -162,7 +162,7 @@ def write_grid(study: Study, path: str | Path, *, dpi: int = 80) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from model_concurrency.lab.plot import draw_run
+    from model_concurrency.lab.plot import draw_run, figure_legend, legend_entries
 
     n_rows, n_cols = len(study.scenarios), len(study.policies)
     fig, axes = plt.subplots(
@@ -176,9 +176,11 @@ def write_grid(study: Study, path: str | Path, *, dpi: int = 80) -> Path:
         for j, policy in enumerate(study.policies):
             trace = study.traces[(sc.name, policy)]
             pair = (axes[2 * i, j], axes[2 * i + 1, j])
-            draw_run(pair, trace, study.oracles.get(sc.name), f"{sc.name}: {policy}", legend=(i == 0 and j == 0))
+            draw_run(pair, trace, study.oracles.get(sc.name), f"{sc.name}: {policy}", legend=False)
             axes[2 * i + 1, j].sharex(axes[2 * i, j])
-    fig.tight_layout()
+    # One legend for the grid, above it: inside a cell it would cover the curves it explains.
+    handles, labels = legend_entries(fig)
+    figure_legend(fig, handles, labels, ncol=max(1, 2 * n_cols))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

@@ -11,7 +11,7 @@ from typing import Any
 
 from model_concurrency.lab.trace import Trace
 
-__all__ = ["draw_run", "plot_run"]
+__all__ = ["draw_run", "figure_legend", "legend_entries", "plot_run"]
 
 
 def _mark_changes(ax: Any, trace: Trace) -> None:
@@ -22,21 +22,24 @@ def _mark_changes(ax: Any, trace: Trace) -> None:
 def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = "", *, legend: bool = True) -> None:
     """Draw one run on two stacked axes: concurrency (top) and throughput with KV usage (bottom).
 
-    ``legend=False`` leaves the legends out, for grids where one cell's legend explains them all.
+    The target is drawn last and thickest: in a healthy run in-flight and running sit right on it, and drawn
+    after it they would hide the one line the policy controls. ``legend=False`` leaves the legends out, for grids
+    that draw one legend for every cell (:func:`legend_entries`).
     """
     import numpy as np
 
     top, bottom = axes
     t = trace.time
-    for i, client in enumerate(trace.clients):
-        label = "target" if len(trace.clients) == 1 else f"target c{i}"
-        top.step(t, client.target, where="post", linewidth=1.5, label=label)
     if len(trace.clients) > 1:
-        top.plot(t, np.sum([c.inflight for c in trace.clients], axis=0), linewidth=0.8, label="in-flight (all)")
+        top.plot(t, np.sum([c.inflight for c in trace.clients], axis=0), color="tab:orange", linewidth=0.8,
+                 alpha=0.8, zorder=2, label="in-flight (all)")  # fmt: skip
     else:
-        top.plot(t, trace.clients[0].inflight, linewidth=0.8, label="in-flight")
-    top.plot(t, trace.running, linewidth=0.8, label="running (engine)")
-    top.fill_between(t, 0, trace.waiting_capacity, color="tab:red", alpha=0.3, step="post", label="capacity-waiting")
+        top.plot(
+            t, trace.clients[0].inflight, color="tab:orange", linewidth=0.8, alpha=0.8, zorder=2, label="in-flight"
+        )
+    top.plot(t, trace.running, color="tab:green", linewidth=0.8, alpha=0.8, zorder=2, label="running (engine)")
+    top.fill_between(t, 0, trace.waiting_capacity, color="tab:red", alpha=0.3, step="post", zorder=1,
+                     label="capacity-waiting")  # fmt: skip
     if oracle is not None:
         top.step(
             oracle.time,
@@ -45,25 +48,80 @@ def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = 
             color="k",
             linestyle=":",
             linewidth=1,
+            zorder=3,
             label="oracle (knee)",
         )
+    many = len(trace.clients) > _LABELLED_CLIENTS
+    for i, client in enumerate(trace.clients):
+        if len(trace.clients) == 1:
+            style: dict[str, Any] = {"color": "tab:blue", "label": "target"}
+        else:
+            label = ("target (per client)" if i == 0 else None) if many else f"target c{i}"
+            style = {"color": f"C{i % 10}" if not many else "tab:blue", "alpha": 1.0 if not many else 0.5,
+                     "label": label}  # fmt: skip
+        top.step(t, client.target, where="post", linewidth=1.8, zorder=4, **style)
     _mark_changes(top, trace)
     top.set_ylabel("requests")
     top.set_title(title)
-    if legend:
-        top.legend(loc="upper left", fontsize=7, ncol=3)
-    bottom.plot(t, trace.throughput(30.0), label="goodput (30 s)", color="tab:green")
+    bottom.plot(t, trace.throughput(30.0), label="goodput (30 s)", color="tab:green", zorder=3)
     if oracle is not None:
-        bottom.plot(oracle.time, oracle.throughput(30.0), label="oracle goodput", color="k", linestyle=":")
+        bottom.plot(oracle.time, oracle.throughput(30.0), label="oracle goodput", color="k", linestyle=":", zorder=3)
     _mark_changes(bottom, trace)
     bottom.set_ylabel("items/s")
     bottom.set_xlabel("simulated time (s)")
     kv = bottom.twinx()
-    kv.plot(t, trace.kv_usage, color="tab:purple", linewidth=0.6, alpha=0.6, label="KV usage")
+    kv.plot(t, trace.kv_usage, color="tab:purple", linewidth=0.6, alpha=0.6, label="KV usage (right axis)")
     kv.set_ylim(0, 1.05)
     kv.set_ylabel("KV usage")
+    # The goodput axis in front of its twin, so the KV line stays behind the curves it explains.
+    bottom.set_zorder(kv.get_zorder() + 1)
+    bottom.patch.set_visible(False)
     if legend:
-        bottom.legend(loc="upper left", fontsize=7)
+        top.legend(loc="upper left", fontsize=7, ncol=3)
+        handles, labels = _entries([bottom, kv])
+        bottom.legend(handles, labels, loc="upper left", fontsize=7)
+
+
+_GENERIC_OF = {"in-flight (all)": "in-flight", "target (per client)": "target"}
+_GENERIC = frozenset({"in-flight", "target"})
+
+# Above this many clients, one "target (per client)" entry stands for all their target lines.
+_LABELLED_CLIENTS = 4
+
+
+def _entries(axes: Any) -> tuple[list[Any], list[str]]:
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    return handles, labels
+
+
+def legend_entries(figure: Any) -> tuple[list[Any], list[str]]:
+    """One entry per distinct label over every axis of ``figure`` (KV twins included), for a figure legend.
+
+    Cells with one client and cells with several label the same lines differently (``target`` or ``target c0``,
+    ``in-flight`` or ``in-flight (all)``); each collapses to one entry, the single-client line's if there is one.
+    """
+    handles, labels = _entries(figure.axes)
+    kept: list[tuple[Any, str]] = []
+    for handle, label in sorted(zip(handles, labels, strict=True), key=lambda e: e[1] not in _GENERIC):
+        label = _GENERIC_OF.get(label, "target" if label.startswith("target c") else label)
+        if label not in (k for _, k in kept):
+            kept.append((handle, label))
+    return [h for h, _ in kept], [k for _, k in kept]
+
+
+def figure_legend(figure: Any, handles: list[Any], labels: list[str], *, ncol: int) -> None:
+    """One legend above every axis of ``figure``, then the layout below it: a legend inside an axis covers some
+    curve in some run (the top left is where a ramp starts, the top right where a grown target ends)."""
+    figure.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+    rows = -(-len(labels) // max(1, ncol))
+    header_in = 0.2 + 0.2 * rows  # legend rows x line height, in inches
+    figure.tight_layout(rect=(0, 0, 1, 1 - header_in / figure.get_figheight()))
 
 
 def plot_run(trace: Trace, path: str | Path, *, oracle: Trace | None = None, title: str = "") -> Path:
@@ -74,8 +132,9 @@ def plot_run(trace: Trace, path: str | Path, *, oracle: Trace | None = None, tit
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    draw_run(axes, trace, oracle, title)
-    fig.tight_layout()
+    draw_run(axes, trace, oracle, title, legend=False)
+    handles, labels = _entries(fig.axes)
+    figure_legend(fig, handles, labels, ncol=5)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

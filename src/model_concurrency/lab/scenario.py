@@ -44,18 +44,48 @@ count = 3               # background (rate_rps or fraction_of_capacity)
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACTIONS", "Background", "Clients", "Event", "Fleet", "Scenario", "Workload", "load_scenario"]
+from model_concurrency.bundled import bundled_dir
+
+__all__ = [
+    "ACTIONS",
+    "Background",
+    "Clients",
+    "Event",
+    "Fleet",
+    "Scenario",
+    "Workload",
+    "bundled_scenarios",
+    "find_scenario",
+    "load_scenario",
+]
 
 ACTIONS = frozenset(
     {"add_engines", "remove_engines", "replica_down", "replica_up", "metrics_down", "metrics_up", "background"}
 )
 # Events that change what the engine can serve: the oracle re-sweeps its knee after each one.
 CAPACITY_ACTIONS = frozenset({"add_engines", "remove_engines", "replica_down", "replica_up", "background"})
+
+
+def _toml(value: Any) -> str:
+    """A value as it would be written in the TOML file, so an error quotes what the user typed."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _at_least(where: str, key: str, value: float | None, low: float, *, strict: bool = False) -> None:
+    if value is None:
+        return
+    if value < low or (strict and value == low):
+        raise ValueError(f"{where}{key} = {_toml(value)}: must be {'>' if strict else '>='} {low:g}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +96,12 @@ class Fleet:
     balancer: str = "least-loaded"
     engine: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _at_least("fleet.", "engines", self.engines, 1)
+        _at_least("fleet.", "replicas", self.replicas, 1)
+        if self.balancer not in ("least-loaded", "round-robin"):
+            raise ValueError(f'fleet.balancer = {_toml(self.balancer)}: must be "least-loaded" or "round-robin"')
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
@@ -74,6 +110,12 @@ class Workload:
     prompt_sigma: float = 0.0
     output_sigma: float = 0.0
     embedding: bool = False
+
+    def __post_init__(self) -> None:
+        _at_least("workload.", "prompt_tokens", self.prompt_tokens, 1)
+        _at_least("workload.", "output_tokens", self.output_tokens, 0)
+        _at_least("workload.", "prompt_sigma", self.prompt_sigma, 0)
+        _at_least("workload.", "output_sigma", self.output_sigma, 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +127,15 @@ class Clients:
     grace_polls: int = 3
     items: int | None = None  # per client; None = as many as the run has time for
 
+    def __post_init__(self) -> None:
+        _at_least("clients.", "count", self.count, 1)
+        _at_least("clients.", "floor", self.floor, 1)
+        if self.ceiling < self.floor:
+            raise ValueError(f"clients.ceiling = {self.ceiling}: must be >= clients.floor ({self.floor})")
+        _at_least("clients.", "poll_s", self.poll_s, 0, strict=True)
+        _at_least("clients.", "grace_polls", self.grace_polls, 0)
+        _at_least("clients.", "items", self.items, 1)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Background:
@@ -93,6 +144,13 @@ class Background:
     burstiness: float = 1.0
     prompt_tokens: int | None = None  # defaults to the workload's
     output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _at_least("background.", "rate_rps", self.rate_rps, 0)
+        _at_least("background.", "fraction_of_capacity", self.fraction_of_capacity, 0)
+        _at_least("background.", "burstiness", self.burstiness, 0, strict=True)
+        _at_least("background.", "prompt_tokens", self.prompt_tokens, 1)
+        _at_least("background.", "output_tokens", self.output_tokens, 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,10 +163,16 @@ class Event:
     fraction_of_capacity: float | None = None
 
     def __post_init__(self) -> None:
+        where = f"[[events]] {self.action} at {self.at_s:g} s: "
         if self.action not in ACTIONS:
-            raise ValueError(f"unknown event action {self.action!r}; known: {', '.join(sorted(ACTIONS))}")
-        if self.at_s < 0:
-            raise ValueError("event at_s must be >= 0")
+            known = ", ".join(sorted(ACTIONS))
+            action = _toml(self.action)
+            raise ValueError(f"[[events]] at {self.at_s:g} s: unknown event action {action}; known: {known}")
+        _at_least(where, "at_s", self.at_s, 0)
+        _at_least(where, "count", self.count, 1)
+        _at_least(where, "replica", self.replica, 0)
+        _at_least(where, "rate_rps", self.rate_rps, 0)
+        _at_least(where, "fraction_of_capacity", self.fraction_of_capacity, 0)
 
     @property
     def changes_capacity(self) -> bool:
@@ -129,12 +193,17 @@ class Scenario:
     events: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0:
-            raise ValueError("duration_s must be > 0")
-        if self.clients.count < 1:
-            raise ValueError("clients.count must be >= 1")
-        if self.fleet.balancer not in ("least-loaded", "round-robin"):
-            raise ValueError(f"unknown balancer {self.fleet.balancer!r}")
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        _at_least("", "seed", self.seed, 0)
+        _at_least("", "duration_s", self.duration_s, 0, strict=True)
+        _at_least("", "trace_dt_s", self.trace_dt_s, 0, strict=True)
+        for event in self.events:
+            if event.action in ("replica_down", "replica_up") and event.replica >= self.fleet.replicas:
+                raise ValueError(
+                    f"[[events]] {event.action} at {event.at_s:g} s: replica = {event.replica} does not exist "
+                    f"(fleet.replicas = {self.fleet.replicas}; replicas are numbered from 0)"
+                )
 
     def scaled(self, scale: float) -> Scenario:
         """The same scenario with every duration and event time multiplied by ``scale`` (0 < scale <= 1)."""
@@ -150,6 +219,30 @@ class Scenario:
         return sorted({e.at_s for e in self.events if e.changes_capacity and e.at_s < self.duration_s})
 
 
+# What a TOML value must be for each field annotation (the dataclasses above, read as strings under
+# ``from __future__ import annotations``): a wrong type is reported with the key before anything compares it.
+_EXPECTED: dict[str, tuple[str, tuple[type, ...]]] = {
+    "int": ("an integer", (int,)),
+    "int | None": ("an integer", (int,)),
+    "float": ("a number", (int, float)),
+    "float | None": ("a number", (int, float)),
+    "str": ("a string", (str,)),
+    "bool": ("true or false", (bool,)),
+    "dict[str, Any]": ("a table", (dict,)),
+}
+
+
+def _check_types(cls: type, table: dict[str, Any], where: str) -> None:
+    for f in dataclasses.fields(cls):
+        if f.name not in table or str(f.type) not in _EXPECTED:
+            continue
+        value = table[f.name]
+        expected, types = _EXPECTED[str(f.type)]
+        # TOML true/false are Python bools, which are ints: a count of `true` is a mistake, not 1.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ValueError(f"{where}{f.name} = {_toml(value)}: expected {expected}")
+
+
 def _build(cls: type, table: Any, where: str) -> Any:
     if table is None:
         return cls()
@@ -159,12 +252,25 @@ def _build(cls: type, table: Any, where: str) -> Any:
     unknown = set(table) - known
     if unknown:
         raise ValueError(f"[{where}] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    prefix = "[[events]] " if where == "events" else f"{where}."
+    _check_types(cls, table, prefix)
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in table]
+    if missing:
+        raise ValueError(f"{prefix.rstrip(' .')} {table!r} is missing {', '.join(missing)}")
     return cls(**table)
 
 
 def scenario_from_dict(data: dict[str, Any], default_name: str = "scenario") -> Scenario:
     data = dict(data)
-    events = tuple(_build(Event, e, "events") for e in data.pop("events", []))
+    raw_events = data.pop("events", [])
+    if not isinstance(raw_events, list):
+        raise ValueError("events must be an array of tables ([[events]])")
+    events = tuple(_build(Event, e, "events") for e in raw_events)
     parts = {
         "fleet": _build(Fleet, data.pop("fleet", None), "fleet"),
         "workload": _build(Workload, data.pop("workload", None), "workload"),
@@ -176,17 +282,64 @@ def scenario_from_dict(data: dict[str, Any], default_name: str = "scenario") -> 
     unknown = set(data) - top
     if unknown:
         raise ValueError(f"scenario has unknown keys {sorted(unknown)}")
+    _check_types(Scenario, data, "")
+    _check_engine(parts["fleet"])
     return Scenario(events=tuple(sorted(events, key=lambda e: e.at_s)), **parts, **data)
 
 
+def _check_engine(fleet: Fleet) -> None:
+    """The engine preset exists and ``[fleet.engine]`` overrides fields it has, with values it accepts."""
+    try:
+        from model_concurrency.engine.presets import EnginePreset, get_preset
+    except ModuleNotFoundError:  # no simulator installed: the command that simulates reports the missing extra
+        return
+    try:
+        preset = get_preset(fleet.preset)
+    except ValueError as exc:
+        raise ValueError(f"fleet.preset = {_toml(fleet.preset)}: {exc}") from None
+    known = {f.name for f in dataclasses.fields(EnginePreset)} - {"name", "model_name", "step", "frontend"}
+    unknown = set(fleet.engine) - known
+    if unknown:
+        raise ValueError(f"[fleet.engine] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    _check_types(EnginePreset, fleet.engine, "fleet.engine.")
+    try:
+        preset.replace(**fleet.engine)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[fleet.engine] {exc}") from None
+
+
+def bundled_scenarios() -> dict[str, Path]:
+    """The scenarios shipped with the package (the repository's ``sims/``), by file stem."""
+    return {p.stem: p for p in sorted(bundled_dir("sims").glob("*.toml"))}
+
+
+def find_scenario(ref: str | Path) -> Path:
+    """A scenario file: ``ref`` itself when it exists, else the bundled scenario of that name (``ramp``).
+
+    Raises ``ValueError`` naming the bundled scenarios when neither exists.
+    """
+    path = Path(ref)
+    if path.is_file():
+        return path
+    bundled = bundled_scenarios()
+    stem = path.stem if path.suffix == ".toml" else path.name
+    if path.parent in (Path("."), Path("sims")) and stem in bundled:
+        return bundled[stem]
+    raise ValueError(
+        f"no scenario file {str(ref)!r} and no bundled scenario of that name; bundled: {', '.join(bundled)}"
+    )
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    """Read a scenario TOML file; a clear ValueError names any unknown key."""
-    path = Path(path)
-    with path.open("rb") as fh:
-        try:
+    """Read a scenario TOML file (or a bundled scenario by name); a ValueError names any bad or unknown key."""
+    path = find_scenario(path)
+    try:
+        with path.open("rb") as fh:
             data = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         return scenario_from_dict(data, default_name=path.stem)
     except (TypeError, ValueError) as exc:

@@ -35,6 +35,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from model_concurrency.bundled import bundled_dir
 from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
@@ -61,8 +62,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "model_concurrency.policies"
 POLICY_PATH_ENV = "MODEL_CONCURRENCY_POLICY_PATH"
-#: The repository's presets (src/model_concurrency/policies/registry.py → <repo>/policies); absent in a wheel.
-REPO_PRESET_DIR = Path(__file__).resolve().parents[3] / "policies"
+#: The bundled presets: the repository's policies/ folder, shipped inside the package (model_concurrency.bundled).
+REPO_PRESET_DIR = bundled_dir("policies")
 _PRESET_KEYS = frozenset({"name", "policy", "description"})
 _MAX_PRESET_DEPTH = 8
 
