@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FakeClock
 from model_concurrency import register_model
-from model_concurrency.controller import LiveController
+from model_concurrency.runtime import ModelRuntime
 from servers import Behaviour, EngineState, metrics_server, vllm_page
 
 
@@ -27,7 +27,7 @@ def test_target_and_state_are_exported(clock: FakeClock) -> None:
         spec = register_model(
             "telemetry-model", base_url=f"{server.url}/v1", served_model_name="served", max_parallel_calls=6
         )
-        controller = LiveController(spec, clock=clock)
+        controller = ModelRuntime(spec, clock=clock)
         controller.inflight = lambda: 3
         controller.target()
         metrics = exported("telemetry-model")

@@ -25,6 +25,7 @@ import asyncio
 import inspect
 import threading
 from collections import deque
+from enum import Enum
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from time import perf_counter
 from typing import Any
@@ -39,7 +40,17 @@ __all__ = ["imap_concurrent", "is_async_callable", "map_concurrent", "raise_firs
 _END: Any = object()
 _PENDING: Any = object()
 
-GATED, PINNED, BORROWED, OPPORTUNISTIC = range(4)
+class WorkerMode(Enum):
+    """How a worker takes its slots (see the module docstring)."""
+
+    GATED = "gated"
+    PINNED = "pinned"
+    BORROWED = "borrowed"
+    OPPORTUNISTIC = "opportunistic"
+
+
+GATED, PINNED = WorkerMode.GATED, WorkerMode.PINNED
+BORROWED, OPPORTUNISTIC = WorkerMode.BORROWED, WorkerMode.OPPORTUNISTIC
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -169,7 +180,7 @@ class _Run:
         self.pool: WorkerPool | None = None
 
     # -- workers ---------------------------------------------------------------------------------------------
-    def _spawn(self, count: int, mode: int) -> None:
+    def _spawn(self, count: int, mode: WorkerMode) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(count):
             self.alive += 1
@@ -220,8 +231,8 @@ class _Run:
                 return
             yield item
 
-    async def _refresh(self) -> None:
-        limit = await self.target.arefresh()
+    def _refresh(self) -> None:
+        limit = self.target.refresh()
         if self.stopped or self.exhausted or self.alive == 0 or self.target.pinned is not None:
             return
         missing = limit - self.alive
@@ -252,7 +263,7 @@ class _Run:
             self.results.append(_PENDING)
         return index, value
 
-    async def _worker(self, mode: int) -> None:
+    async def _worker(self, mode: WorkerMode) -> None:
         target = self.target
         limiter = target.limiter
         HOLDING.set(self.holding)
@@ -262,7 +273,7 @@ class _Run:
                 if mode != PINNED and mode != BORROWED and self.alive > target.limit:
                     break  # the limit shrank: surplus workers leave
                 if target.due():
-                    await self._refresh()
+                    self._refresh()
                     continue
                 if mode == OPPORTUNISTIC:
                     if not limiter.try_acquire():
@@ -356,13 +367,17 @@ class _Run:
     # -- the call --------------------------------------------------------------------------------------------
     async def execute(self) -> None:
         try:
-            await self._execute()
+            await self.target.astart()
+            try:
+                await self._execute()
+            finally:
+                self.target.stop()
         finally:
             self._finish()  # a stream's consumer always gets its end marker
 
     async def _execute(self) -> None:
         target = self.target
-        limit = await target.arefresh()
+        limit = target.limit
         limiter = target.limiter
         outer = HOLDING.get()
         self.nested = target.pinned is None and limiter in outer
@@ -382,7 +397,7 @@ class _Run:
                 # every item is slow and no worker starts anything for a while.
                 await asyncio.wait((self.finished,), timeout=REFRESH_S)
                 if not self.finished.done():
-                    await self._refresh()
+                    self._refresh()
         except BaseException:
             self.stopped = True
             await self._cancel_all()

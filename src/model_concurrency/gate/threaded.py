@@ -157,7 +157,14 @@ class _SyncRun:
     # -- the call ----------------------------------------------------------------------------------------------
     def execute(self, items: Iterable[Any]) -> list[Any]:
         target = self.target
-        target.refresh()
+        target.start()
+        try:
+            return self._execute(items)
+        finally:
+            target.stop()
+
+    def _execute(self, items: Iterable[Any]) -> list[Any]:
+        target = self.target
         limiter = target.limiter
         outer = HOLDING.get()
         nested = limiter in outer
