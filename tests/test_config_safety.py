@@ -26,8 +26,8 @@ from conftest import FakeClock
 from fault_servers import FaultServer, bounded, fault_server, page, redirect
 from model_concurrency import get_all_utilization, get_utilization, register_model, resolve_capacity
 from model_concurrency.config import get_model, load_config
-from model_concurrency.runtime import ModelRuntime
 from model_concurrency.hooks import aresolve_capacity, controller_for
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.scrape import ScrapeError, ScrapeLimits, fetch_text, metrics_url_from_base
 from servers import EngineState, vllm_page
 

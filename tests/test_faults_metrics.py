@@ -46,9 +46,9 @@ from fault_servers import (
     zeros,
 )
 from model_concurrency import aresolve_capacity, get_utilization, register_model, resolve_capacity
-from model_concurrency.runtime import ModelRuntime
 from model_concurrency.hooks import controller_for
 from model_concurrency.observation import EngineSnapshot
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.source import VllmMetricsSource
 from model_concurrency.signals.vllm import MetricsError, parse_vllm_metrics
 from servers import EngineState, vllm_page

@@ -21,8 +21,8 @@ from model_concurrency import (
     register_model,
     reset_runtimes,
 )
-from model_concurrency.runtime import install_runtime
 from model_concurrency.gate import limiter_for, registered_limiters
+from model_concurrency.runtime import install_runtime
 
 
 def run(coro: Awaitable[Any]) -> Any:

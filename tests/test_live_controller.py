@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from conftest import FakeClock
 from model_concurrency import get_utilization, register_model, resolve_capacity
 from model_concurrency.config import get_model
-from model_concurrency.runtime import ModelRuntime
 from model_concurrency.hooks import aresolve_capacity, controller_for
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.scrape import ScrapeLimits
 from servers import Behaviour, EngineState, MetricsServer, metrics_server, vllm_page
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import FakeClock
 from model_concurrency import config, get_utilization, map_concurrent_sync, register_model
 from model_concurrency.config import setting
 from model_concurrency.controller import CallRecorder, ControllerCore
@@ -20,8 +21,6 @@ from model_concurrency.policies.base import declared_grace_polls, uses_engine_si
 from model_concurrency.runtime import poll_step, runtime_for
 from model_concurrency.signals.source import ClientOnlySource
 from servers import Behaviour, EngineState, metrics_server, vllm_page
-
-from conftest import FakeClock
 
 # -- the usage meter under every interleaving --------------------------------------------------------------------
 OPS = st.lists(
@@ -137,7 +136,9 @@ def test_invalid_knob_values_are_warned_about_and_ignored(
     assert len(lines) == 1 and lines[0].startswith(f"ignoring {name}={raw!r}: must be")
 
 
-@pytest.mark.parametrize(("name", "default"), [("MODEL_CONCURRENCY_POLL_S", 12.0), ("MODEL_CONCURRENCY_GRACE_POLLS", 3)])
+@pytest.mark.parametrize(
+    ("name", "default"), [("MODEL_CONCURRENCY_POLL_S", 12.0), ("MODEL_CONCURRENCY_GRACE_POLLS", 3)]
+)
 def test_zero_poll_interval_and_zero_grace_stay_valid(
     name: str, default: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,4 +149,3 @@ def get_utilization(model: str | None) -> dict[str, Any]:
 def get_all_utilization() -> dict[str, dict[str, Any]]:
     """One snapshot of every registered model, for dashboards."""
     return {name: get_utilization(name) for name in registered_models()}
-

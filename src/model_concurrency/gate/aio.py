@@ -25,8 +25,8 @@ import asyncio
 import inspect
 import threading
 from collections import deque
-from enum import Enum
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from enum import Enum
 from time import perf_counter
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = ["imap_concurrent", "is_async_callable", "map_concurrent", "raise_firs
 
 _END: Any = object()
 _PENDING: Any = object()
+
 
 class WorkerMode(Enum):
     """How a worker takes its slots (see the module docstring)."""

@@ -187,4 +187,3 @@ class ModelLimiter:
     def __repr__(self) -> str:
         core = self._core
         return f"ModelLimiter({self.name!r}, limit={core.limit}, inflight={core.inflight}, waiting={core.waiting})"
-

@@ -23,7 +23,7 @@ from model_concurrency.runtime import ModelRuntime, runtime_for
 __all__ = ["slot"]
 
 
-class slot:  # noqa: N801 - used like a function: ``with slot(model):``
+class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
     __slots__ = ("_runtime", "_start", "model")

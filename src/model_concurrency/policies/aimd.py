@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies.base import PolicyBase
 from model_concurrency.policies._common import app_limited, sustainable
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["AIMD"]
 

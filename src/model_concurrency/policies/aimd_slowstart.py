@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies.base import PolicyBase
 from model_concurrency.policies._common import IdleClock, app_limited
 from model_concurrency.policies.aimd import AIMD
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["AIMDSlowStart"]
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies.base import PolicyBase
 from model_concurrency.policies._common import app_limited
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["Gradient"]
 
@@ -58,7 +58,6 @@ class Gradient(PolicyBase):
 
     #: Works from this process's own latencies and 429/503s: a hosted endpoint has no /metrics page to scrape.
     uses_engine_signals: ClassVar[bool] = False
-
 
     tolerance: float = 1.5
     min_gradient: float = 0.5
