@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from model_concurrency.policies.base import Policy
-from model_concurrency.signals.scrape import check_metrics_url, metrics_url_from_base
+from model_concurrency.signals.scrape import check_metrics_url, has_control_characters, metrics_url_from_base
 
 __all__ = [
     "ModelSpec",
@@ -165,7 +165,7 @@ def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
         # A secret read from a mounted file often ends in a newline; HTTP forbids it in a header, and the
         # resulting protocol error would quote the header, key included. Strip whitespace, refuse the rest.
         api_key = kwargs["api_key"] = str(api_key).strip() or None
-        if api_key is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
+        if api_key is not None and has_control_characters(api_key):
             raise ValueError(f"model {name!r}: api_key contains control characters")
     for knob, least in (("parallel_instances", 0), ("max_parallel_calls", 1)):
         value = kwargs.get(knob, 1)

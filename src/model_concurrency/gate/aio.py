@@ -25,17 +25,20 @@ import asyncio
 import inspect
 import threading
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from enum import Enum
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, pool_for
 from model_concurrency.gate.stats import merge_stats
 from model_concurrency.gate.target import REFRESH_S, Target, check_args
 
-__all__ = ["imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
+__all__ = ["WorkerMode", "imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _END: Any = object()
 _PENDING: Any = object()
@@ -421,14 +424,62 @@ class _Run:
                     task.cancel()
 
 
+@overload
 async def map_concurrent(
-    items: Iterable[Any] | AsyncIterable[Any],
-    fn: Callable[[Any], Any],
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Any],
     *,
     model: str | None = None,
     capacity: int | None = None,
-    return_exceptions: bool = False,
     timeout: float | None = None,
+    return_exceptions: bool = False,
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
@@ -455,14 +506,62 @@ async def map_concurrent(
     return run.results
 
 
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> AsyncIterator[tuple[int, R]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> AsyncIterator[tuple[int, R | BaseException]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> AsyncIterator[tuple[int, R]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> AsyncIterator[tuple[int, R | BaseException]]: ...
+
+
 async def imap_concurrent(
-    items: Iterable[Any] | AsyncIterable[Any],
-    fn: Callable[[Any], Any],
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Any],
     *,
     model: str | None = None,
     capacity: int | None = None,
-    return_exceptions: bool = False,
     timeout: float | None = None,
+    return_exceptions: bool = False,
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 
