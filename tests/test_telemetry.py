@@ -28,7 +28,8 @@ def test_target_and_state_are_exported(clock: FakeClock) -> None:
             "telemetry-model", base_url=f"{server.url}/v1", served_model_name="served", max_parallel_calls=6
         )
         controller = ModelRuntime(spec, clock=clock)
-        controller.inflight = lambda: 3
+        for _ in range(3):  # three calls in flight through the model's own limiter
+            assert controller.limiter.try_acquire()
         controller.target()
         metrics = exported("telemetry-model")
         assert metrics["model_concurrency_target"] == 6

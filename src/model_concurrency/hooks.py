@@ -87,13 +87,15 @@ async def _afloor_on_error(model: str | None, floor: int, read: Callable[[ModelR
 
 
 def _asked(runtime: ModelRuntime) -> int:
+    target = runtime.target()  # a due poll runs here first, so the answer reflects it
     runtime.asked()
-    return runtime.target()
+    return target
 
 
 async def _aasked(runtime: ModelRuntime) -> int:
+    target = await runtime.atarget()
     runtime.asked()
-    return await runtime.atarget()
+    return target
 
 
 def adaptive_capacity(model: str | None, floor: int) -> int:

@@ -193,10 +193,14 @@ class ModelRuntime:
             self._start_poller()
 
     def asked(self) -> None:
-        """The hook was asked for the capacity: poll on schedule for a while, as the caller's pool runs."""
+        """The hook was asked for the capacity: poll on schedule for a while, as the caller's pool runs.
+
+        With a poll interval of 0 every ask polls inline already, and a scheduled poller would only spin.
+        """
         with self._lock:
             self._asked_at = self.clock()
-            self._start_poller()
+            if self.core.poll_interval_s > 0:
+                self._start_poller()
 
     def _start_poller(self) -> None:
         if self._poller is None and self.source is not None and not self._closed.is_set():
