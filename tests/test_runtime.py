@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import FakeClock
-from model_concurrency import config, get_utilization, map_concurrent_sync, register_model
+from model_concurrency import config, get_utilization, map_concurrent_sync, register_model, slot
 from model_concurrency.config import setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.gate.model_limiter import ModelLimiter
@@ -173,3 +173,43 @@ def test_last_poll_is_wall_clock_time() -> None:
         after = time.time()
     last_poll = get_utilization("m")["last_poll"]
     assert before - 1 <= last_poll <= after + 1  # epoch seconds, not the monotonic clock's uptime
+
+
+# -- slot ----------------------------------------------------------------------------------------------------------
+def test_slot_counts_waits_and_records_outcomes() -> None:
+    import asyncio
+    import threading
+
+    register_model("m", base_url=None, max_parallel_calls=2)
+    runtime = runtime_for("m")
+
+    class Throttled(Exception):
+        status_code = 429
+
+    seen: list[int] = []
+
+    def third_call() -> None:
+        with slot("m"):
+            seen.append(runtime.inflight())
+
+    with slot("m"), slot("m"):
+        assert runtime.inflight() == 2
+        third = threading.Thread(target=third_call)  # waits: the limit is reached
+        third.start()
+        deadline = time.monotonic() + 10
+        while runtime.limiter.waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert runtime.limiter.waiting == 1 and seen == []
+    third.join(10)  # granted once the two were released
+    assert not third.is_alive() and seen == [1]
+
+    async def main() -> None:
+        with pytest.raises(Throttled):
+            async with slot("m"):
+                assert runtime.inflight() == 1
+                raise Throttled()
+
+    asyncio.run(main())
+    calls = runtime.calls.drain()
+    assert (calls.calls, calls.errors, calls.throttled) == (4, 1, 1)
+    assert runtime.inflight() == 0 and runtime.limiter.waiting == 0

@@ -17,7 +17,9 @@ from __future__ import annotations
 from time import perf_counter
 from types import TracebackType
 
+from model_concurrency.config import get_model
 from model_concurrency.gate.stats import status_of
+from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
 __all__ = ["slot"]
@@ -36,6 +38,8 @@ class slot:
     def _begin(self) -> ModelRuntime:
         if self._runtime is not None:
             raise RuntimeError("this slot is already held; make one slot(model) per call")
+        if get_model(self.model) is None:
+            warn_unknown(self.model)
         runtime = runtime_for(self.model)
         runtime.enter()
         runtime.limiter.resize(max(1, runtime.current()))
