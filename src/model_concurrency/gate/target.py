@@ -38,13 +38,15 @@ def check_args(capacity: int | None, timeout: float | None) -> None:
 class Target:
     """One fan-out's view of its model: runtime, limiter, current limit, and the outcome tally."""
 
-    __slots__ = ("countdown", "limit", "model", "next_at", "pinned", "runtime", "tally")
+    __slots__ = ("countdown", "limit", "model", "next_at", "pinned", "recorder", "runtime", "tally")
 
     def __init__(self, model: str | None, capacity: int | None) -> None:
         self.model = model
         if get_model(model) is None:
             warn_unknown(model)
         self.runtime: ModelRuntime = runtime_for(model)
+        # Outcomes feed the next poll; a model that is never polled (no source) does not need them.
+        self.recorder = self.runtime.calls if self.runtime.source is not None else None
         self.pinned = capacity
         self.limit = capacity or self.runtime.current()
         self.tally = GateStats()
@@ -107,8 +109,10 @@ class Target:
         if latency_s > tally.latency_max_s:
             tally.latency_max_s = latency_s
         if exc is None:
-            self.runtime.calls.record(latency_s, ok=True)
+            if self.recorder is not None:
+                self.recorder.record(latency_s, ok=True)
             return
         status = status_of(exc)
         tally.add_error(exc, status)
-        self.runtime.calls.record(latency_s, ok=False, status=status)
+        if self.recorder is not None:
+            self.recorder.record(latency_s, ok=False, status=status)
