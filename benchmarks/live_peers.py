@@ -187,12 +187,12 @@ async def aimd_limiter_run(embed: Embed, items: list[int]) -> None:
 
 def ours_setup(args: argparse.Namespace) -> Callable[[Emulator], None]:
     def setup(emu: Emulator) -> None:
-        from model_concurrency import register_model, reset_controllers
+        from model_concurrency import register_model, reset_runtimes
 
         # One poll per ~12.5 ms of emulated time: about one bge-m3 step at this batch size.
         os.environ["MODEL_CONCURRENCY_POLL_S"] = str(0.0125 / args.time_scale)
         os.environ["MODEL_MAX_CONCURRENCY"] = str(CEILING)
-        reset_controllers()
+        reset_runtimes()
         register_model("bge-m3", base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=FLOOR)
 
     return setup

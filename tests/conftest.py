@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from model_concurrency import config
-from model_concurrency.controller import reset_controllers
+from model_concurrency.runtime import reset_runtimes
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
@@ -32,10 +32,10 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for knob in _KNOBS:
         monkeypatch.delenv(knob, raising=False)
     config.unregister_all()
-    reset_controllers()
+    reset_runtimes()
     yield
     config.unregister_all()
-    reset_controllers()
+    reset_runtimes()
 
 
 class FakeClock:

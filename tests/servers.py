@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +25,7 @@ class Behaviour:
     delay_s: float = 0.0
     trickle_bytes_per_s: float | None = None
     hang: bool = False
+    render: Callable[[], bytes] | None = None  # a body made at each request (e.g. gauges that follow the client)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -42,21 +43,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if b.delay_s:
             srv.stop_event.wait(b.delay_s)
+        body = b.render() if b.render is not None else b.body
         try:
             self.send_response(b.status)
             for k, v in b.headers.items():
                 self.send_header(k, v)
-            self.send_header("Content-Length", str(len(b.body)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if b.trickle_bytes_per_s:
-                for i in range(len(b.body)):
+                for i in range(len(body)):
                     if srv.stop_event.is_set():
                         return
-                    self.wfile.write(b.body[i : i + 1])
+                    self.wfile.write(body[i : i + 1])
                     self.wfile.flush()
                     time.sleep(1 / b.trickle_bytes_per_s)
             else:
-                self.wfile.write(b.body)
+                self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass
 

@@ -26,8 +26,8 @@ from conftest import FakeClock
 from fault_servers import FaultServer, bounded, fault_server, page, redirect
 from model_concurrency import get_all_utilization, get_utilization, register_model, resolve_capacity
 from model_concurrency.config import get_model, load_config
-from model_concurrency.controller import LiveController
 from model_concurrency.hooks import aresolve_capacity, controller_for
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.scrape import ScrapeError, ScrapeLimits, fetch_text, metrics_url_from_base
 from servers import EngineState, vllm_page
 
@@ -108,7 +108,7 @@ def auth_headers(server: FaultServer) -> list[str | None]:
 def test_token_is_sent_to_the_models_own_origin_only(clock: FakeClock) -> None:
     with fault_server(page(good_page())) as own, fault_server(page(good_page()), host="127.0.0.2") as other:
         spec = register_model("own", base_url=f"{own.url}/v1", served_model_name=LLAMA, api_key=TOKEN)
-        LiveController(spec, clock=clock).target()
+        ModelRuntime(spec, clock=clock).target()
         spec = register_model(
             "explicit-same-origin",
             base_url=f"{own.url}/v1",
@@ -116,7 +116,7 @@ def test_token_is_sent_to_the_models_own_origin_only(clock: FakeClock) -> None:
             served_model_name=LLAMA,
             api_key=TOKEN,
         )
-        LiveController(spec, clock=clock).target()
+        ModelRuntime(spec, clock=clock).target()
         assert auth_headers(own) == [f"Bearer {TOKEN}"] * 2
         spec = register_model(
             "explicit-other-host",
@@ -125,7 +125,7 @@ def test_token_is_sent_to_the_models_own_origin_only(clock: FakeClock) -> None:
             served_model_name=LLAMA,
             api_key=TOKEN,
         )
-        controller = LiveController(spec, clock=clock)
+        controller = ModelRuntime(spec, clock=clock)
         controller.target()
         assert controller.core.last_ok is True
         assert auth_headers(other) == [None]
@@ -136,7 +136,7 @@ def test_redirect_to_another_host_is_not_followed_and_gets_no_token(clock: FakeC
         for status in (301, 302, 303, 307, 308):
             own.respond(redirect(f"{other.url}/metrics", status=status))
             spec = register_model("m", base_url=f"{own.url}/v1", served_model_name=LLAMA, api_key=TOKEN)
-            controller = LiveController(spec, clock=clock)
+            controller = ModelRuntime(spec, clock=clock)
             controller.target()
             assert controller.core.last_ok is False and "another origin" in str(controller.core.last_error)
         assert other.requests == []
@@ -148,7 +148,7 @@ def test_prometheus_server_never_gets_the_token(clock: FakeClock) -> None:
         spec = register_model(
             "m", base_url=f"{own.url}/v1", prometheus_url=prom.url, served_model_name=LLAMA, api_key=TOKEN
         )
-        LiveController(spec, clock=clock).target()
+        ModelRuntime(spec, clock=clock).target()
         assert prom.requests and auth_headers(prom) == [None] * len(prom.requests)
         assert own.requests == []
 
@@ -234,7 +234,7 @@ def test_token_with_a_trailing_newline_appears_nowhere(
 ) -> None:
     with fault_server(page(good_page())) as server:
         spec = register_model("m", base_url=f"{server.url}/v1", served_model_name=LLAMA, api_key=TOKEN + suffix)
-        controller = LiveController(spec, clock=clock)
+        controller = ModelRuntime(spec, clock=clock)
         controller.target()
         text = str(controller.core.last_error) + all_text(everything_logged)
         try:

@@ -194,9 +194,9 @@ CHILD_OK = 0
 
 def child_work(model: str) -> int:
     """Runs in the child; returns an exit code (0 = all good). Never returns into pytest."""
-    from model_concurrency import controller as controller_module
+    from model_concurrency import runtime as runtime_module
 
-    if controller_module._controllers:
+    if runtime_module._runtimes:
         return 10  # inherited the parent's controllers
     c = controller_for(model)
     if c is None or c.peek() != FLOOR or c._polling:
@@ -261,12 +261,11 @@ def test_fork_after_controllers_exist_with_a_poll_in_flight(changing_server: Fau
 def _module_lock(name: str) -> Any:
     """The lock object to hold in the parent at the moment of the fork."""
     from model_concurrency import config
-    from model_concurrency import controller as controller_module
-    from model_concurrency.gate import model_limiter, pool, stats
+    from model_concurrency import runtime as runtime_module
+    from model_concurrency.gate import pool, stats
 
     locks: dict[str, Callable[[], Any]] = {
-        "controller._cache_lock": lambda: controller_module._cache_lock,
-        "model_limiter._registry_lock": lambda: model_limiter._registry_lock,
+        "runtime._registry_lock": lambda: runtime_module._registry_lock,
         "pool._pools_lock": lambda: pool._pools_lock,
         "config._lock": lambda: config._lock,
         "stats._lock": lambda: stats._lock,
@@ -277,8 +276,7 @@ def _module_lock(name: str) -> Any:
 
 
 LOCKS = [
-    "controller._cache_lock",
-    "model_limiter._registry_lock",
+    "runtime._registry_lock",
     "pool._pools_lock",
     "config._lock",
     "stats._lock",

@@ -3,7 +3,7 @@ controller's documented outcome (docs/operations.md): a failed poll, the last go
 polls, then the floor; exactly one WARNING per failed poll saying why; no exception to any caller; no caller
 left blocked (each call runs on a thread joined with a generous bound, never a timing assertion).
 
-Each fault runs through three paths: a ``LiveController`` on a fake clock (grace 3: ``[40, 40, 40, 4]``), and
+Each fault runs through three paths: a ``ModelRuntime`` on a fake clock (grace 3: ``[40, 40, 40, 4]``), and
 the application hooks ``resolve_capacity`` / ``aresolve_capacity`` on the real clock with ``POLL_S=0`` (every
 call polls) and ``GRACE_POLLS=1`` (``[40, 4]``). The timeout knob is 0.25 s (deadline 0.5 s), so the slow
 faults are the default 2 s / 4 s scaled down eightfold: "one byte a second" is one byte every 0.1 s.
@@ -46,9 +46,9 @@ from fault_servers import (
     zeros,
 )
 from model_concurrency import aresolve_capacity, get_utilization, register_model, resolve_capacity
-from model_concurrency.controller import LiveController
 from model_concurrency.hooks import controller_for
 from model_concurrency.observation import EngineSnapshot
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.source import VllmMetricsSource
 from model_concurrency.signals.vllm import MetricsError, parse_vllm_metrics
 from servers import EngineState, vllm_page
@@ -231,7 +231,7 @@ def polls(outcome: str) -> float:
     return REGISTRY.get_sample_value("model_concurrency_polls_total", {"model": "m", "outcome": outcome}) or 0.0
 
 
-def point(controller: LiveController, url: str) -> None:
+def point(controller: ModelRuntime, url: str) -> None:
     """Aim the controller's real scrape at another URL (so one controller sees a good poll, then the fault)."""
     assert isinstance(controller.source, VllmMetricsSource)
     controller.source.metrics_url = url
@@ -423,7 +423,7 @@ def test_label_values_with_braces_commas_quotes_and_utf8(
         spec = register_model(
             "m", base_url=f"{server.url}/v1", served_model_name=served, max_parallel_calls=FLOOR, policy=Fixed(GOOD)
         )
-        controller = LiveController(spec, clock=clock)
+        controller = ModelRuntime(spec, clock=clock)
         assert bounded(controller.target) == GOOD
     assert controller.core.last_ok is True and controller.core.last_observation is not None
     assert controller.core.last_observation.running == running
@@ -506,7 +506,7 @@ def test_live_poll_of_mutated_pages_matches_the_parser(text: str, mutable: Fault
     spec = register_model(
         "m", base_url=f"{mutable.url}/v1", served_model_name=LLAMA, max_parallel_calls=FLOOR, policy=Fixed(GOOD)
     )
-    controller = LiveController(spec, clock=FakeClock())
+    controller = ModelRuntime(spec, clock=FakeClock())
     with captured_log() as log:
         target = bounded(controller.target)
     failures = [m for m in log.messages() if "metrics poll failed" in m]
@@ -535,7 +535,7 @@ def test_a_policy_that_raises_or_answers_nan_holds_the_target(
     policy: object, good: FaultServer, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = register_model("m", base_url=f"{good.url}/v1", served_model_name=LLAMA, max_parallel_calls=FLOOR)
-    controller = LiveController(spec, clock=clock, policy=Fixed(GOOD))
+    controller = ModelRuntime(spec, clock=clock, policy=Fixed(GOOD))
     assert bounded(controller.target) == GOOD
     controller.core.policy = policy  # type: ignore[assignment]
     with caplog.at_level(logging.WARNING, "model_concurrency"):
@@ -551,7 +551,7 @@ def test_a_policy_that_raises_or_answers_nan_holds_the_target(
         assert errors == []  # NaN is held silently
 
 
-def test_unknown_policy_name_falls_back_to_aimd(
+def test_unknown_policy_name_falls_back_to_the_default_policy(
     good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_POLICY", "no-such-policy-anywhere")
@@ -559,10 +559,10 @@ def test_unknown_policy_name_falls_back_to_aimd(
     with caplog.at_level(logging.WARNING, "model_concurrency"):
         assert bounded(lambda: resolve_capacity("m")) >= FLOOR
     controller = controller_for("m")
-    assert controller is not None and type(controller.core.policy).__name__ == "AIMD"
+    assert controller is not None and type(controller.core.policy).__name__ == "Adaptive"
     lines = warnings_of(caplog)
     assert len(lines) == 1 and lines[0].startswith("model m: unknown policy 'no-such-policy-anywhere'")
-    assert "using the default AIMD" in lines[0]
+    assert "using the built-in default policy 'adaptive'" in lines[0]
 
 
 def test_a_garbage_knob_warns_once_and_uses_its_default(
@@ -587,6 +587,7 @@ def test_an_unreadable_config_file_logs_once(
     with caplog.at_level(logging.WARNING, "model_concurrency"):
         for _ in range(3):
             assert bounded(lambda: resolve_capacity("m")) == GOOD  # explicit registrations still work
-            assert resolve_capacity("from-the-file") == 1  # unknown model: capacity 1, no log
+            assert resolve_capacity("from-the-file") == 1  # unknown model: capacity 1, one warning per name
     lines = warnings_of(caplog)
-    assert len(lines) == 1 and lines[0].startswith(f"cannot load MODEL_CONCURRENCY_CONFIG={tmp_path}/missing.toml")
+    assert len(lines) == 2 and lines[0].startswith(f"cannot load MODEL_CONCURRENCY_CONFIG={tmp_path}/missing.toml")
+    assert lines[1].startswith("model 'from-the-file' is not registered")

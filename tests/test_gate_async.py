@@ -12,17 +12,17 @@ import pytest
 
 from model_concurrency import (
     EngineSnapshot,
-    LiveController,
+    ModelRuntime,
     Observation,
     gate_stats,
     imap_concurrent,
     map_concurrent,
     map_concurrent_sync,
     register_model,
-    reset_controllers,
+    reset_runtimes,
 )
-from model_concurrency.controller import install_controller
 from model_concurrency.gate import limiter_for, registered_limiters
+from model_concurrency.runtime import install_runtime
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -76,11 +76,11 @@ class Clock:
         return self.now
 
 
-def live_model(name: str, floor: int, policy: ScriptedPolicy, clock: Clock) -> LiveController:
+def live_model(name: str, floor: int, policy: ScriptedPolicy, clock: Clock) -> ModelRuntime:
     """A registered model whose controller is real but polls a fake source on a fake clock."""
     spec = register_model(name, base_url="http://engine.invalid:8000", max_parallel_calls=floor)
-    controller = LiveController(spec, source=FakeSource(), policy=policy, clock=clock)
-    return install_controller(controller)
+    controller = ModelRuntime(spec, source=FakeSource(), policy=policy, clock=clock)
+    return install_runtime(controller)
 
 
 # -- basics -----------------------------------------------------------------------------------------------------
@@ -370,7 +370,9 @@ def test_shrink_64_to_8_mid_fan_out_is_obeyed_once_drained() -> None:
             peak_before = max(peak_before, gauge.now)
         if x == 1000:
             policy.value = 8
-            clock.now += 13  # the next re-read polls, and the target drops to 8
+            clock.now += 13  # the next scheduled poll is due: the runtime's poller runs it, and the target drops
+        while policy.value == 8 and controller.peek() != 8:  # every call waits for that poll (no wall-time race)
+            await asyncio.sleep(0.005)
         for _ in range(1 + x % 4):
             await asyncio.sleep(0)
         gauge.leave()
@@ -389,7 +391,7 @@ def test_shrink_64_to_8_mid_fan_out_is_obeyed_once_drained() -> None:
 @pytest.mark.slow
 def test_growth_mid_run_raises_concurrency_in_the_same_call() -> None:
     clock, policy = Clock(), ScriptedPolicy(8)
-    live_model("llm", floor=4, policy=policy, clock=clock)
+    controller = live_model("llm", floor=4, policy=policy, clock=clock)
     gauge = Gauge()
     peak_before = peak_after = 0
 
@@ -403,6 +405,8 @@ def test_growth_mid_run_raises_concurrency_in_the_same_call() -> None:
         if x == 300:
             policy.value = 48
             clock.now += 13
+        while policy.value == 48 and controller.peek() != 48:  # every call waits for the scheduled poll
+            await asyncio.sleep(0.005)
         for _ in range(1 + x % 3):
             await asyncio.sleep(0)
         gauge.leave()
@@ -499,7 +503,7 @@ def test_reset_mid_run_drops_the_limiter_without_breaking_the_calls() -> None:
         task = asyncio.create_task(map_concurrent(range(20), call, model="m"))
         while old.inflight() < 3:
             await asyncio.sleep(0.001)
-        reset_controllers()
+        reset_runtimes()
         assert "m" not in registered_limiters()
         go.set()
         assert await task == list(range(20))

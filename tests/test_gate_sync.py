@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from model_concurrency import gate_stats, map_concurrent_sync, register_model, reset_controllers
+from model_concurrency import gate_stats, map_concurrent_sync, register_model, reset_runtimes
 from model_concurrency.gate import limiter_for, pool_for, registered_limiters
 
 
@@ -102,7 +102,7 @@ def test_thread_count_returns_to_baseline_after_fan_outs_at_several_capacities(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_THREAD_IDLE_S", "0.05")
-    reset_controllers()  # pools are created afresh with the short idle timeout
+    reset_runtimes()  # pools are created afresh with the short idle timeout
 
     def ours() -> int:
         return sum(t.name in ("model-concurrency-pooltest", "model-concurrency-m") for t in threading.enumerate())

@@ -19,7 +19,6 @@ from model_concurrency.policies import (
     Static,
     load_policy,
     load_preset,
-    make_policy,
     policy_names,
     registry,
 )
@@ -43,7 +42,7 @@ PRESETS = sorted((REPO / "policies").glob("*.toml"))
 )
 def test_builtin_names(name: str, cls: type) -> None:
     assert type(load_policy(name)) is cls
-    assert type(make_policy(name)) is cls
+    assert type(load_policy(name)) is cls
     assert name in policy_names()
 
 
@@ -70,16 +69,16 @@ def test_params_override_and_are_checked() -> None:
     assert isinstance(preset, AIMD)
     assert (preset.increase_fraction, preset.decrease_factor) == (0.5, 0.7)
     with pytest.raises(ValueError, match=r"bad parameters for policy 'aimd'.*no_such"):
-        make_policy("aimd", no_such=1)
+        load_policy("aimd", no_such=1)
     with pytest.raises(ValueError, match="decrease_factor"):
-        make_policy("aimd", decrease_factor=2)
+        load_policy("aimd", decrease_factor=2)
     with pytest.raises(ValueError, match="bad parameters"):
         load_policy("capacity", startup_gain="fast")
 
 
 def test_unknown_names_are_value_errors() -> None:
     with pytest.raises(ValueError, match=r"unknown policy 'nope'; known: .*aimd"):
-        make_policy("nope")
+        load_policy("nope")
     for bad in ("", "   ", "no_such_module_xyz:Thing", "model_concurrency.policies.aimd:Nope", "missing.toml", ":X"):
         with pytest.raises(ValueError):
             load_policy(bad)

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FakeClock
 from model_concurrency import register_model
-from model_concurrency.controller import LiveController
+from model_concurrency.runtime import ModelRuntime
 from servers import Behaviour, EngineState, metrics_server, vllm_page
 
 
@@ -27,8 +27,9 @@ def test_target_and_state_are_exported(clock: FakeClock) -> None:
         spec = register_model(
             "telemetry-model", base_url=f"{server.url}/v1", served_model_name="served", max_parallel_calls=6
         )
-        controller = LiveController(spec, clock=clock)
-        controller.inflight = lambda: 3
+        controller = ModelRuntime(spec, clock=clock)
+        for _ in range(3):  # three calls in flight through the model's own limiter
+            assert controller.limiter.try_acquire()
         controller.target()
         metrics = exported("telemetry-model")
         assert metrics["model_concurrency_target"] == 6

@@ -5,8 +5,8 @@ Importing this package needs only httpx and prometheus_client; the simulator, CL
 """
 
 from model_concurrency.config import ModelSpec, load_config, register_model, setting
-from model_concurrency.controller import ControllerCore, LiveController, reset_controllers
-from model_concurrency.gate import GateStats, gate_stats, imap_concurrent, map_concurrent, map_concurrent_sync
+from model_concurrency.controller import ControllerCore
+from model_concurrency.gate import GateStats, gate_stats, imap_concurrent, map_concurrent, map_concurrent_sync, slot
 from model_concurrency.hooks import (
     adaptive_capacity,
     aresolve_capacity,
@@ -16,6 +16,7 @@ from model_concurrency.hooks import (
 )
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies import AIMD, Policy
+from model_concurrency.runtime import ModelRuntime, reset_runtimes
 from model_concurrency.signals import metrics_url_from_base
 
 __all__ = [
@@ -24,7 +25,7 @@ __all__ = [
     "ControllerCore",
     "EngineSnapshot",
     "GateStats",
-    "LiveController",
+    "ModelRuntime",
     "ModelSpec",
     "Observation",
     "Policy",
@@ -39,9 +40,10 @@ __all__ = [
     "map_concurrent_sync",
     "metrics_url_from_base",
     "register_model",
-    "reset_controllers",
+    "reset_runtimes",
     "resolve_capacity",
     "setting",
+    "slot",
 ]
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from model_concurrency.policies.base import Policy
-from model_concurrency.signals.scrape import check_metrics_url, metrics_url_from_base
+from model_concurrency.signals.scrape import check_metrics_url, has_control_characters, metrics_url_from_base
 
 __all__ = [
     "ModelSpec",
@@ -45,6 +45,16 @@ GRACE_POLLS = ("MODEL_CONCURRENCY_GRACE_POLLS", 3)
 POLICY = ("MODEL_CONCURRENCY_POLICY", "adaptive")
 CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
 THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
+
+# Values that parse but make no sense: warned about once and ignored, like non-numeric ones. A poll interval and
+# a grace of 0 stay valid (poll at every chance; drop to the floor on the first failure).
+_VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
+    MAX_CONCURRENCY[0]: (lambda v: v > 0, "must be > 0"),
+    TIMEOUT_S[0]: (lambda v: v > 0, "must be > 0"),
+    POLL_S[0]: (lambda v: v >= 0, "must be >= 0"),
+    GRACE_POLLS[0]: (lambda v: v >= 0, "must be >= 0"),
+    THREAD_IDLE_S[0]: (lambda v: v >= 0, "must be >= 0"),
+}
 
 _FALSE = {"0", "false", "no", "off", ""}
 _TRUE = {"1", "true", "yes", "on"}
@@ -84,6 +94,12 @@ def setting(name: str, default: Any, cast: Callable[[str], Any] | None = None) -
             log.warning("ignoring %s=%r: not a valid %s; using %r", name, raw, type(default).__name__, default)
         return default
     if isinstance(value, float) and value != value:  # NaN
+        return default
+    rule = _VALID.get(name)
+    if rule is not None and not rule[0](value):
+        if (name, raw) not in _warned:
+            _warned.add((name, raw))
+            log.warning("ignoring %s=%r: %s; using %r", name, raw, rule[1], default)
         return default
     return value
 
@@ -149,12 +165,12 @@ def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
         # A secret read from a mounted file often ends in a newline; HTTP forbids it in a header, and the
         # resulting protocol error would quote the header, key included. Strip whitespace, refuse the rest.
         api_key = kwargs["api_key"] = str(api_key).strip() or None
-        if api_key is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
+        if api_key is not None and has_control_characters(api_key):
             raise ValueError(f"model {name!r}: api_key contains control characters")
-    for knob in ("parallel_instances", "max_parallel_calls"):
+    for knob, least in (("parallel_instances", 0), ("max_parallel_calls", 1)):
         value = kwargs.get(knob, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{knob} must be a non-negative int, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"model {name!r}: {knob} must be an int >= {least}, got {value!r}")
     kwargs["roles"] = tuple(kwargs.get("roles") or ())
     return ModelSpec(name=name, **kwargs)
 
@@ -172,7 +188,7 @@ def register_model(
     api_key: str | None = None,
     policy: str | Policy | None = None,
 ) -> ModelSpec:
-    """Register (or replace) a model. Its controller, if any, is rebuilt on next use."""
+    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use."""
     spec = _make_spec(
         name,
         base_url=base_url,
@@ -187,9 +203,9 @@ def register_model(
     )
     with _lock:
         _explicit[name] = spec
-    from model_concurrency.controller import forget_controller
+    from model_concurrency.runtime import forget_runtime
 
-    forget_controller(name)
+    forget_runtime(name)
     return spec
 
 

@@ -2,18 +2,23 @@
 
 ``resolve_capacity(model)`` is the one an application uses: the static capacity as the floor, raised by the
 adaptive controller when the flag is on and the model has a metrics endpoint. It never raises: an unknown model
-gets 1, a broken endpoint gets the floor after its grace polls, the flag off gets exactly the static path with
-no scrape at all.
+gets 1 (with one warning per name), a broken endpoint gets the floor after its grace polls, the flag off gets
+exactly the static path with no scrape at all.
+
+Used alone, with nothing in this process counting the model's calls in flight (no ``map_concurrent``, no
+``slot``), the hook's runtime judges use from the engine's ``running``, as the original hook did, and logs that
+once. With the gate or ``slot`` in use, the limiter's own count (its peak over each interval) is what counts.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model_concurrency import config, telemetry
-from model_concurrency.config import ModelSpec, get_model, registered_models, setting
-from model_concurrency.controller import LiveController, get_controller
+from model_concurrency.config import get_model, registered_models, setting
+from model_concurrency.runtime import ModelRuntime, adaptive_enabled, on_reset, runtime_for
 
 __all__ = [
     "adaptive_capacity",
@@ -23,13 +28,23 @@ __all__ = [
     "get_utilization",
     "resolve_capacity",
     "static_capacity",
+    "warn_unknown",
 ]
 
 log = logging.getLogger("model_concurrency")
+_warned_unknown: set[str] = set()
+on_reset(_warned_unknown.clear)  # a reset process warns again
 
 
-def adaptive_enabled() -> bool:
-    return bool(setting(*config.ADAPTIVE_FLAG))
+def warn_unknown(model: str | None) -> None:
+    """One warning per unknown model name: a typo otherwise silently runs at capacity 1."""
+    if model is None:  # no name given: the caller asked for nothing in particular
+        return
+    key = model
+    if key not in _warned_unknown:
+        _warned_unknown.add(key)
+        known = ", ".join(sorted(registered_models())) or "none"
+        log.warning("model %r is not registered (known: %s); using capacity 1", key, known)
 
 
 def static_capacity(model: str | None) -> int:
@@ -38,58 +53,77 @@ def static_capacity(model: str | None) -> int:
     return spec.static_capacity if spec is not None else 1
 
 
-def controller_for(model: str | None, floor: int | None = None) -> LiveController | None:
-    """The model's live controller, or None when the static path applies (flag off, unknown, no endpoint)."""
+def controller_for(model: str | None, floor: int | None = None) -> ModelRuntime | None:
+    """The model's runtime when the adaptive path applies (flag on, known model, a source); else None."""
     if not adaptive_enabled():
         return None
-    spec = get_model(model)
-    if spec is None or (spec.resolved_metrics_url is None and spec.prometheus_url is None):
+    if get_model(model) is None:
+        warn_unknown(model)
         return None
-    controller = get_controller(spec)
-    if floor is not None and floor != controller.floor:
-        controller.set_floor(floor)
-    return controller
+    runtime = runtime_for(model)
+    if runtime.source is None:
+        return None
+    if floor is not None and floor != runtime.floor:
+        runtime.set_floor(floor)
+    return runtime
 
 
-def _spec_floor(model: str | None) -> tuple[ModelSpec | None, int]:
-    spec = get_model(model)
-    return spec, (spec.static_capacity if spec is not None else 1)
-
-
-def adaptive_capacity(model: str | None, floor: int) -> int:
-    """The adaptive target for ``model`` with ``floor`` as its lower bound; ``floor`` on the static path."""
-    floor = max(1, int(floor))
+def _floor_on_error(model: str | None, floor: int, read: Callable[[ModelRuntime], int]) -> int:
     try:
-        controller = controller_for(model, floor)
-        return controller.target() if controller is not None else floor
+        runtime = controller_for(model, floor)
+        return read(runtime) if runtime is not None else floor
     except Exception:  # the fail-safe is the whole point: never break a fan-out over capacity
         log.exception("model %s: adaptive capacity failed; using the floor %d", model, floor)
         return floor
 
 
-def resolve_capacity(model: str | None) -> int:
-    """Static capacity as the floor, raised by the adaptive controller when enabled."""
-    _, floor = _spec_floor(model)
-    return adaptive_capacity(model, floor)
-
-
-async def aresolve_capacity(model: str | None) -> int:
-    """:func:`resolve_capacity` for event loops: a due poll is awaited, never run on the loop's thread."""
-    _, floor = _spec_floor(model)
+async def _afloor_on_error(model: str | None, floor: int, read: Callable[[ModelRuntime], Awaitable[int]]) -> int:
     try:
-        controller = controller_for(model, floor)
-        return await controller.atarget() if controller is not None else floor
+        runtime = controller_for(model, floor)
+        return await read(runtime) if runtime is not None else floor
     except Exception:
         log.exception("model %s: adaptive capacity failed; using the floor %d", model, floor)
         return floor
 
 
+def _asked(runtime: ModelRuntime) -> int:
+    target = runtime.target()  # a due poll runs here first, so the answer reflects it
+    runtime.asked()
+    return target
+
+
+async def _aasked(runtime: ModelRuntime) -> int:
+    target = await runtime.atarget()
+    runtime.asked()
+    return target
+
+
+def adaptive_capacity(model: str | None, floor: int) -> int:
+    """The adaptive target for ``model`` with ``floor`` as its lower bound; ``floor`` on the static path.
+
+    Asking also keeps the model polled on schedule for a while, so a pool sized from this answer is sampled
+    while it runs, not only at the moments the caller asks (which are when its calls have finished).
+    """
+    return _floor_on_error(model, max(1, int(floor)), _asked)
+
+
+def resolve_capacity(model: str | None) -> int:
+    """Static capacity as the floor, raised by the adaptive controller when enabled."""
+    return adaptive_capacity(model, static_capacity(model))
+
+
+async def aresolve_capacity(model: str | None) -> int:
+    """:func:`resolve_capacity` for event loops: a due poll is awaited, never run on the loop's thread."""
+    return await _afloor_on_error(model, static_capacity(model), _aasked)
+
+
 def get_utilization(model: str | None) -> dict[str, Any]:
     """What the controller last saw and decided for ``model``; a static view when no controller applies."""
-    spec, floor = _spec_floor(model)
-    controller = controller_for(model, floor)
-    if controller is not None:
-        return telemetry.snapshot(controller)
+    spec = get_model(model)
+    floor = spec.static_capacity if spec is not None else 1
+    runtime = controller_for(model, floor)
+    if runtime is not None:
+        return telemetry.snapshot(runtime)
     name = spec.name if spec is not None else model
     ceiling = max(floor, setting(*config.MAX_CONCURRENCY))
     return {

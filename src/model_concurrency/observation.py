@@ -10,7 +10,7 @@ has to remember totals or care about counter resets.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["CallStats", "EngineSnapshot", "Observation", "observe"]
 
@@ -57,6 +57,12 @@ class Observation:
     Counter-derived fields (``preemptions``, ``completed``, ``queue_time_mean_s``) are deltas since the previous
     successful poll. ``client_*`` fields describe this process's own calls and are what a policy for an endpoint
     without ``/metrics`` (a hosted API) works from.
+
+    ``inflight`` is this process's calls in flight at the poll (what share estimates compare with the engine's
+    gauges, which are instantaneous too). ``inflight_peak`` and ``inflight_mean`` describe the whole interval
+    since the previous poll: a window that was full at any moment of it was used, whichever moment the poll
+    happened to be taken, so the application-limited rule reads the peak. The peak is never below ``inflight``;
+    ``inflight_mean`` is None when nobody measured the interval (an Observation built by hand).
     """
 
     ok: bool = True
@@ -69,18 +75,18 @@ class Observation:
     completed: float | None = None
     queue_time_mean_s: float | None = None
     inflight: int = 0
+    inflight_peak: int = 0
+    inflight_mean: float | None = None
     time: float = 0.0
     client_calls: int = 0
     client_errors: int = 0
     client_throttled: int = 0
     client_latency_mean_s: float | None = None
     client_latency_min_s: float | None = None
-    extra: tuple[tuple[str, float], ...] = field(default=())
 
-    @property
-    def saturated(self) -> bool:
-        """The engine holds requests back for lack of scheduling capacity."""
-        return self.ok and self.waiting_capacity > 0
+    def __post_init__(self) -> None:
+        if self.inflight_peak < self.inflight:
+            object.__setattr__(self, "inflight_peak", self.inflight)
 
 
 def _delta(now: float | None, before: float | None) -> float | None:
@@ -97,6 +103,8 @@ def observe(
     inflight: int,
     time: float,
     calls: CallStats | None = None,
+    inflight_peak: int = 0,
+    inflight_mean: float | None = None,
 ) -> Observation:
     """Combine a source's reading with this process's own view into an Observation.
 
@@ -104,6 +112,8 @@ def observe(
     """
     calls = calls or CallStats()
     client = {
+        "inflight_peak": inflight_peak,
+        "inflight_mean": inflight_mean,
         "client_calls": calls.calls,
         "client_errors": calls.errors,
         "client_throttled": calls.throttled,

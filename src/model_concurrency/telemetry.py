@@ -6,12 +6,13 @@ Gauges live in prometheus_client's default registry, so a worker that already ex
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
 if TYPE_CHECKING:
-    from model_concurrency.controller import LiveController
+    from model_concurrency.runtime import ModelRuntime
 
 __all__ = ["publish", "snapshot"]
 
@@ -25,40 +26,45 @@ METRICS_OK = Gauge("model_concurrency_metrics_ok", "1 when the last metrics poll
 POLLS = Counter("model_concurrency_polls", "Metrics polls by outcome", (*_LABELS, "outcome"))
 
 
-def publish(controller: LiveController) -> None:
-    """Copy one controller's state into the exported gauges (called after every poll)."""
-    core, model = controller.core, controller.spec.name
+def publish(runtime: ModelRuntime) -> None:
+    """Copy one model runtime's state into the exported gauges (called after every poll)."""
+    core, model = runtime.core, runtime.name
     TARGET.labels(model).set(core.target)
     FLOOR.labels(model).set(core.lower)
     CEILING.labels(model).set(core.upper)
-    INFLIGHT.labels(model).set(controller.inflight())
+    INFLIGHT.labels(model).set(runtime.inflight())
     SATURATED.labels(model).set(1 if core.saturated else 0)
     METRICS_OK.labels(model).set(1 if core.last_ok else 0)
     POLLS.labels(model, "ok" if core.last_ok else "failed").inc()
 
 
-def snapshot(controller: LiveController) -> dict[str, Any]:
-    """A JSON-ready view of one controller: what ``get_utilization`` returns. Never includes credentials."""
-    core = controller.core
+def snapshot(runtime: ModelRuntime) -> dict[str, Any]:
+    """A JSON-ready view of one runtime: what ``get_utilization`` returns. Never includes credentials."""
+    core = runtime.core
     obs = core.last_observation
     good = obs if (obs is not None and obs.ok) else None
     return {
-        "model": controller.spec.name,
-        "served_model_name": controller.spec.served_name,
+        "model": runtime.name,
+        "served_model_name": runtime.spec.served_name if runtime.spec is not None else None,
         "running": good.running if good else None,
         "waiting": good.waiting if good else None,
         "waiting_capacity": good.waiting_capacity if good else None,
         "kv_cache_usage": good.kv_cache_usage if good else None,
-        "inflight": controller.inflight(),
+        "inflight": runtime.inflight(),
         "current_target": core.target,
         "floor": core.lower,
         "ceiling": core.upper,
         "metrics_ok": core.last_ok,
         "saturated": core.saturated,
-        "last_poll": core.last_poll_time,
+        "last_poll": _wall(core.last_poll_time, runtime.clock()),
         "consecutive_failures": core.consecutive_failures,
         "last_error": core.last_error,
-        "metrics_url": controller.source.description if controller.source is not None else None,
+        "metrics_url": runtime.source.description if runtime.source is not None else None,
         "policy": type(core.policy).__name__,
         "adaptive": True,
     }
+
+
+def _wall(at: float | None, now: float) -> float | None:
+    """A time on the runtime's clock as wall-clock seconds since the epoch (dashboards show dates, not uptimes)."""
+    return None if at is None else time.time() - (now - at)

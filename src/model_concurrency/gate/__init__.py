@@ -2,20 +2,21 @@
 
 Layers, bottom up: :mod:`.limiter` (pure bookkeeping, the invariant), :mod:`.model_limiter` (that core under a
 lock, waking asyncio and thread waiters; one per model), :mod:`.pool` (one self-shrinking thread pool per model),
-:mod:`.target` (the limit a fan-out obeys, re-read through the controller's throttle), then the fronts
-:mod:`.aio` and :mod:`.threaded`. ``reset_controllers()`` drops limiters, pools and stats through the hook
-registered here; calls in flight keep the objects they hold.
+:mod:`.target` (a fan-out's hold on its model's runtime), then the fronts :mod:`.aio`, :mod:`.threaded` and
+:mod:`.slot`. The limiters belong to the model runtimes (:mod:`model_concurrency.runtime`); resetting those drops
+pools and stats through the hook registered here; calls in flight keep the objects they hold.
 """
 
 from __future__ import annotations
 
-from model_concurrency.controller import on_reset
 from model_concurrency.gate.aio import imap_concurrent, map_concurrent
 from model_concurrency.gate.limiter import LimiterCore
-from model_concurrency.gate.model_limiter import ModelLimiter, drop_limiters, limiter_for, registered_limiters
+from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, drop_pools, pool_for
+from model_concurrency.gate.slot import slot
 from model_concurrency.gate.stats import GateStats, gate_stats, reset_stats
 from model_concurrency.gate.threaded import map_concurrent_sync
+from model_concurrency.runtime import limiter_for, on_reset, registered_limiters
 
 __all__ = [
     "GateStats",
@@ -29,11 +30,11 @@ __all__ = [
     "map_concurrent_sync",
     "pool_for",
     "registered_limiters",
+    "slot",
 ]
 
 
 def _drop_all() -> None:
-    drop_limiters()
     drop_pools()
     reset_stats()
 

@@ -25,21 +25,36 @@ import asyncio
 import inspect
 import threading
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from enum import Enum
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, pool_for
 from model_concurrency.gate.stats import merge_stats
 from model_concurrency.gate.target import REFRESH_S, Target, check_args
 
-__all__ = ["imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
+__all__ = ["WorkerMode", "imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _END: Any = object()
 _PENDING: Any = object()
 
-GATED, PINNED, BORROWED, OPPORTUNISTIC = range(4)
+
+class WorkerMode(Enum):
+    """How a worker takes its slots (see the module docstring)."""
+
+    GATED = "gated"
+    PINNED = "pinned"
+    BORROWED = "borrowed"
+    OPPORTUNISTIC = "opportunistic"
+
+
+GATED, PINNED = WorkerMode.GATED, WorkerMode.PINNED
+BORROWED, OPPORTUNISTIC = WorkerMode.BORROWED, WorkerMode.OPPORTUNISTIC
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -169,7 +184,7 @@ class _Run:
         self.pool: WorkerPool | None = None
 
     # -- workers ---------------------------------------------------------------------------------------------
-    def _spawn(self, count: int, mode: int) -> None:
+    def _spawn(self, count: int, mode: WorkerMode) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(count):
             self.alive += 1
@@ -220,8 +235,8 @@ class _Run:
                 return
             yield item
 
-    async def _refresh(self) -> None:
-        limit = await self.target.arefresh()
+    def _refresh(self) -> None:
+        limit = self.target.refresh()
         if self.stopped or self.exhausted or self.alive == 0 or self.target.pinned is not None:
             return
         missing = limit - self.alive
@@ -252,7 +267,7 @@ class _Run:
             self.results.append(_PENDING)
         return index, value
 
-    async def _worker(self, mode: int) -> None:
+    async def _worker(self, mode: WorkerMode) -> None:
         target = self.target
         limiter = target.limiter
         HOLDING.set(self.holding)
@@ -262,7 +277,7 @@ class _Run:
                 if mode != PINNED and mode != BORROWED and self.alive > target.limit:
                     break  # the limit shrank: surplus workers leave
                 if target.due():
-                    await self._refresh()
+                    self._refresh()
                     continue
                 if mode == OPPORTUNISTIC:
                     if not limiter.try_acquire():
@@ -356,13 +371,17 @@ class _Run:
     # -- the call --------------------------------------------------------------------------------------------
     async def execute(self) -> None:
         try:
-            await self._execute()
+            await self.target.astart()
+            try:
+                await self._execute()
+            finally:
+                self.target.stop()
         finally:
             self._finish()  # a stream's consumer always gets its end marker
 
     async def _execute(self) -> None:
         target = self.target
-        limit = await target.arefresh()
+        limit = target.limit
         limiter = target.limiter
         outer = HOLDING.get()
         self.nested = target.pinned is None and limiter in outer
@@ -382,7 +401,7 @@ class _Run:
                 # every item is slow and no worker starts anything for a while.
                 await asyncio.wait((self.finished,), timeout=REFRESH_S)
                 if not self.finished.done():
-                    await self._refresh()
+                    self._refresh()
         except BaseException:
             self.stopped = True
             await self._cancel_all()
@@ -405,14 +424,62 @@ class _Run:
                     task.cancel()
 
 
+@overload
 async def map_concurrent(
-    items: Iterable[Any] | AsyncIterable[Any],
-    fn: Callable[[Any], Any],
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+async def map_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Any],
     *,
     model: str | None = None,
     capacity: int | None = None,
-    return_exceptions: bool = False,
     timeout: float | None = None,
+    return_exceptions: bool = False,
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
@@ -439,14 +506,62 @@ async def map_concurrent(
     return run.results
 
 
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> AsyncIterator[tuple[int, R]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> AsyncIterator[tuple[int, R | BaseException]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> AsyncIterator[tuple[int, R]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> AsyncIterator[tuple[int, R | BaseException]]: ...
+
+
 async def imap_concurrent(
-    items: Iterable[Any] | AsyncIterable[Any],
-    fn: Callable[[Any], Any],
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Any],
     *,
     model: str | None = None,
     capacity: int | None = None,
-    return_exceptions: bool = False,
     timeout: float | None = None,
+    return_exceptions: bool = False,
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 

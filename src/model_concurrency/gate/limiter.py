@@ -19,9 +19,10 @@ Rules, after trio's CapacityLimiter (see docs/architecture.md):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["LimiterCore"]
+__all__ = ["LimiterCore", "Usage", "UsageMeter"]
 
 W = TypeVar("W")
 
@@ -101,3 +102,44 @@ class LimiterCore(Generic[W]):
 
     def __repr__(self) -> str:
         return f"LimiterCore(limit={self._limit}, inflight={self.inflight}, waiting={len(self._waiters)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """In-flight over one interval between polls: at its end, its peak, and its time-average (None: no time)."""
+
+    inflight: int
+    peak: int
+    mean: float | None
+
+
+class UsageMeter:
+    """Peak and time-averaged in-flight since the last :meth:`take`, fed every change with the caller's clock.
+
+    A front-end calls :meth:`note` after each acquire, release or grant with the count and its own time
+    (``time.monotonic``, a test's clock, ``env.now``), so the poll sees the whole interval, not the instant it
+    happened to be taken. A clock that steps back is treated as no time passing.
+    """
+
+    __slots__ = ("_area", "_at", "_level", "_peak", "_since")
+
+    def __init__(self, now: float, inflight: int = 0) -> None:
+        self._since = self._at = now
+        self._level = self._peak = inflight
+        self._area = 0.0
+
+    def note(self, inflight: int, now: float) -> None:
+        if now > self._at:
+            self._area += self._level * (now - self._at)
+            self._at = now
+        self._level = inflight
+        if inflight > self._peak:
+            self._peak = inflight
+
+    def take(self, now: float) -> Usage:
+        """The interval since the previous take, ending at ``now``; the next interval starts here."""
+        self.note(self._level, now)
+        span = self._at - self._since
+        usage = Usage(self._level, self._peak, self._area / span if span > 0 else None)
+        self._since, self._area, self._peak = self._at, 0.0, self._level
+        return usage

@@ -11,29 +11,23 @@ The core is the only authority on whether a waiter was granted: a waiter that gi
 interrupted) asks the core to withdraw it, and if the core says it was already granted, the waiter releases the
 slot, which passes it on to the next in line. Wake-ups happen outside the lock.
 
-The registry maps a model key to its limiter. :func:`drop_limiters` (run by ``reset_controllers()``) forgets them
-all; calls in flight keep a reference to the limiter they acquired from and release into it, harmlessly.
+Every change of the in-flight count is noted in a :class:`~model_concurrency.gate.limiter.UsageMeter` under the
+same lock, with the clock of the runtime that owns the limiter, so a poll reads the interval's peak and mean.
+The registry of limiters is the runtime registry (:mod:`model_concurrency.runtime`): one limiter per model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Protocol
 
-from model_concurrency.gate.limiter import LimiterCore
+from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
 
-__all__ = [
-    "HOLDING",
-    "ModelLimiter",
-    "ThreadWaiter",
-    "drop_limiters",
-    "is_current",
-    "limiter_for",
-    "registered_limiters",
-]
+__all__ = ["HOLDING", "ModelLimiter", "ThreadWaiter"]
 
 # The limiters whose slot the current context is running an item under. A fan-out started from inside one of
 # its own model's items sees its limiter here and runs "nested" (see docs/gate.md): it never queues for a slot
@@ -91,12 +85,23 @@ class ThreadWaiter:
 class ModelLimiter:
     """A model's resizable limit and in-flight count, safe across threads and event loops."""
 
-    __slots__ = ("_core", "_lock", "name")
+    __slots__ = ("_clock", "_core", "_lock", "_meter", "name")
 
-    def __init__(self, name: str, limit: int) -> None:
+    def __init__(self, name: str, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self._lock = threading.Lock()
         self._core: LimiterCore[_Waiter] = LimiterCore(limit)
+        self._clock = clock
+        self._meter = UsageMeter(clock())
+
+    def _noted(self) -> None:
+        """Record the count after a change (caller holds the lock)."""
+        self._meter.note(self._core.inflight, self._clock())
+
+    def take_usage(self) -> Usage:
+        """The interval since the previous call (the poll step's view of this process's use)."""
+        with self._lock:
+            return self._meter.take(self._clock())
 
     @property
     def limit(self) -> int:
@@ -119,20 +124,27 @@ class ModelLimiter:
             return
         with self._lock:
             granted = self._core.resize(limit)
+            if granted:
+                self._noted()
         if granted:
             self._wake(granted)
 
     def try_acquire(self) -> bool:
         with self._lock:
-            return self._core.try_acquire()
+            if self._core.try_acquire():
+                self._noted()
+                return True
+            return False
 
     def acquire_pinned(self) -> None:
         with self._lock:
             self._core.acquire_pinned()
+            self._noted()
 
     def release(self) -> None:
         with self._lock:
             granted = self._core.release()
+            self._noted()
         if granted:
             self._wake(granted)
 
@@ -140,9 +152,11 @@ class ModelLimiter:
         """Wait for a slot (FIFO). Cancelled while waiting: withdrawn, or the granted slot is passed on."""
         with self._lock:
             if self._core.try_acquire():
+                self._noted()
                 return
             waiter = _AsyncWaiter(asyncio.get_running_loop())
             if self._core.acquire_or_enqueue(waiter):
+                self._noted()
                 return
         try:
             await waiter.future
@@ -157,9 +171,11 @@ class ModelLimiter:
         """None: the caller holds a slot. Otherwise a queued waiter to :meth:`ThreadWaiter.wait` on."""
         with self._lock:
             if self._core.try_acquire():
+                self._noted()
                 return None
             waiter = ThreadWaiter()
             if self._core.acquire_or_enqueue(waiter):
+                self._noted()
                 return None
             return waiter
 
@@ -168,60 +184,6 @@ class ModelLimiter:
         with self._lock:
             return self._core.cancel(waiter)
 
-    def acquire_blocking(self, timeout: float | None = None) -> bool:
-        """Block for a slot; False if ``timeout`` passed first. Interrupted: withdrawn or passed on."""
-        waiter = self.acquire_or_enqueue_thread()
-        if waiter is None:
-            return True
-        try:
-            if waiter.wait(timeout):
-                return True
-        except BaseException:
-            if not self.withdraw(waiter):
-                self.release()
-            raise
-        return not self.withdraw(waiter)
-
     def __repr__(self) -> str:
         core = self._core
         return f"ModelLimiter({self.name!r}, limit={core.limit}, inflight={core.inflight}, waiting={core.waiting})"
-
-
-_limiters: dict[str, ModelLimiter] = {}
-_registry_lock = threading.Lock()
-
-
-def limiter_for(key: str, limit: int) -> ModelLimiter:
-    """The process's limiter for ``key``, created with ``limit`` on first use (callers resize it afterwards)."""
-    limiter = _limiters.get(key)
-    if limiter is None:
-        with _registry_lock:
-            limiter = _limiters.get(key)
-            if limiter is None:
-                limiter = _limiters[key] = ModelLimiter(key, limit)
-    return limiter
-
-
-def is_current(limiter: ModelLimiter) -> bool:
-    """Whether ``limiter`` is still the registered one for its model (False after a reset)."""
-    return _limiters.get(limiter.name) is limiter
-
-
-def registered_limiters() -> dict[str, ModelLimiter]:
-    with _registry_lock:
-        return dict(_limiters)
-
-
-def drop_limiters() -> None:
-    """Forget every limiter. Holders keep their object and release into it; new calls get fresh limiters."""
-    with _registry_lock:
-        _limiters.clear()
-
-
-def _after_fork_in_child() -> None:
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    _limiters.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,29 +1,24 @@
 """What limit a fan-out obeys right now, re-read cheaply while it runs.
 
-A :class:`Target` belongs to one fan-out call. It resolves the model's key, finds its limiter and (when the
-adaptive path applies) its controller, and re-reads the controller's target through the controller's own
-throttle: ``target()``/``atarget()`` cost a clock read and a lock when no poll is due, so the gate may ask often.
-It still asks only every :data:`REFRESH_EVERY` starts or :data:`REFRESH_S` seconds, which keeps the per-item
-path free of environment and registry look-ups while a long fan-out follows the ramp.
-
-Every re-read also re-wires ``controller.inflight`` to the limiter's count (cheap, and robust to the controller
-being rebuilt when a model is re-registered), unless the limiter was dropped by a reset meanwhile: a call that
-outlives a reset keeps its old limiter to release into, and must not report that old count.
+A :class:`Target` belongs to one fan-out call. It holds the model's
+:class:`~model_concurrency.runtime.ModelRuntime` for the call's life: the runtime's limiter is the one every
+slot is taken from, and its recorder gets every outcome. The first read may run a due poll (awaited on an event
+loop, inline in a plain thread); after that the runtime's background poller keeps the target current while the
+fan-out is registered as a user, and the fan-out only re-reads it (every :data:`REFRESH_EVERY` starts or
+:data:`REFRESH_S` seconds) to follow growth with more workers. No poll ever rides on a completion.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from model_concurrency import hooks
 from model_concurrency.config import get_model
-from model_concurrency.gate.model_limiter import ModelLimiter, is_current, limiter_for
+from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
-
-if TYPE_CHECKING:
-    from model_concurrency.controller import CallRecorder, LiveController
+from model_concurrency.hooks import warn_unknown
+from model_concurrency.runtime import ModelRuntime, runtime_for
 
 __all__ = ["REFRESH_EVERY", "REFRESH_S", "Target", "check_args"]
 
@@ -41,87 +36,73 @@ def check_args(capacity: int | None, timeout: float | None) -> None:
 
 
 class Target:
-    """One fan-out's view of its model: key, limiter, controller, current limit, and the outcome tally."""
+    """One fan-out's view of its model: runtime, limiter, current limit, and the outcome tally."""
 
-    __slots__ = ("_limiter", "countdown", "floor", "key", "limit", "model", "next_at", "pinned", "recorder", "tally")
+    __slots__ = ("countdown", "limit", "model", "next_at", "pinned", "recorder", "runtime", "tally")
 
     def __init__(self, model: str | None, capacity: int | None) -> None:
-        spec = get_model(model)
         self.model = model
-        self.key = spec.name if spec is not None else (model or "default")
-        self.floor = spec.static_capacity if spec is not None else 1
+        if get_model(model) is None:
+            warn_unknown(model)
+        self.runtime: ModelRuntime = runtime_for(model)
+        # Outcomes feed the next poll; a model that is never polled (no source) does not need them.
+        self.recorder = self.runtime.calls if self.runtime.source is not None else None
         self.pinned = capacity
-        self.limit = capacity or self.floor
-        self.recorder: CallRecorder | None = None
-        self._limiter: ModelLimiter | None = None
+        self.limit = capacity or self.runtime.current()
         self.tally = GateStats()
         self.countdown = REFRESH_EVERY
         self.next_at = 0.0
 
     @property
+    def key(self) -> str:
+        return self.runtime.name
+
+    @property
     def limiter(self) -> ModelLimiter:
-        assert self._limiter is not None, "refresh() first"
-        return self._limiter
+        return self.runtime.limiter
 
     def due(self) -> bool:
         """Count one start; True when the target should be re-read."""
         self.countdown -= 1
         return self.countdown <= 0 or time.monotonic() >= self.next_at
 
-    def _controller(self) -> LiveController | None:
-        try:
-            return hooks.controller_for(self.model)
-        except Exception:  # the fail-safe: a broken lookup never breaks a fan-out
-            log.exception("model %s: no controller; using the static capacity", self.model)
-            return None
+    def start(self) -> int:
+        """The fan-out begins: register as a user (scheduled polls from now on) and take a first reading."""
+        self.runtime.enter()
+        return self._apply(self.runtime.target)
 
-    def _static(self) -> int:
-        self.floor = hooks.static_capacity(self.model)
-        return self.floor
+    async def astart(self) -> int:
+        """:meth:`start` on an event loop: a due first poll is awaited, never run on the loop's thread."""
+        self.runtime.enter()
+        try:
+            target = await self.runtime.atarget()
+        except Exception:
+            log.exception("model %s: target failed; using the floor", self.model)
+            target = self.runtime.floor
+        return self._apply(lambda: target)
+
+    def stop(self) -> None:
+        self.runtime.leave()
 
     def refresh(self) -> int:
-        """Re-read the target from a plain thread (a due poll runs inline, as the controller decides)."""
-        controller = self._controller()
-        if controller is None:
-            return self._apply(None, self._static())
-        try:
-            target = controller.target()
-        except Exception:
-            log.exception("model %s: target failed; using the floor", self.model)
-            target = controller.floor
-        return self._apply(controller, target)
+        """Re-read the limit the poller keeps current (no I/O)."""
+        return self._apply(self.runtime.current)
 
-    async def arefresh(self) -> int:
-        """Re-read the target from an event loop (a due poll is awaited, never blocking the loop)."""
-        controller = self._controller()
-        if controller is None:
-            return self._apply(None, self._static())
+    def _apply(self, read: Callable[[], int]) -> int:
         try:
-            target = await controller.atarget()
-        except Exception:
+            target = read()
+        except Exception:  # the fail-safe: a broken poll never breaks a fan-out
             log.exception("model %s: target failed; using the floor", self.model)
-            target = controller.floor
-        return self._apply(controller, target)
-
-    def _apply(self, controller: LiveController | None, target: int) -> int:
+            target = self.runtime.floor
         target = max(1, int(target))
-        if self._limiter is None:
-            self._limiter = limiter_for(self.key, target)
-        limiter = self._limiter
-        if controller is not None:
-            self.recorder = controller.calls
-            if is_current(limiter):
-                controller.inflight = limiter.inflight
-        else:
-            self.recorder = None
-        limiter.resize(target)
+        self.limiter.resize(target)
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
         self.next_at = time.monotonic() + REFRESH_S
         return self.limit
 
     def record(self, latency_s: float, exc: BaseException | None) -> None:
-        """Tally one finished call here and, when a controller exists, in its recorder for the next poll."""
+        """Tally one finished call here and in the runtime's recorder for the next poll."""
         tally = self.tally
         tally.calls += 1
         tally.latency_sum_s += latency_s

@@ -21,10 +21,10 @@ import asyncio
 import contextvars
 import heapq
 import threading
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from functools import partial
 from time import monotonic, perf_counter
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.aio import is_async_callable, map_concurrent, raise_first
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
@@ -33,6 +33,9 @@ from model_concurrency.gate.stats import merge_stats
 from model_concurrency.gate.target import REFRESH_S, Target, check_args
 
 __all__ = ["map_concurrent_sync"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _PENDING: Any = object()
 
@@ -157,7 +160,14 @@ class _SyncRun:
     # -- the call ----------------------------------------------------------------------------------------------
     def execute(self, items: Iterable[Any]) -> list[Any]:
         target = self.target
-        target.refresh()
+        target.start()
+        try:
+            return self._execute(items)
+        finally:
+            target.stop()
+
+    def _execute(self, items: Iterable[Any]) -> list[Any]:
+        target = self.target
         limiter = target.limiter
         outer = HOLDING.get()
         nested = limiter in outer
@@ -243,14 +253,62 @@ def _run_coroutine(coro_fn: Callable[[], Any]) -> Any:
     return value
 
 
+@overload
 def map_concurrent_sync(
-    items: Iterable[Any] | AsyncIterable[Any],
-    fn: Callable[[Any], Any],
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+def map_concurrent_sync(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Awaitable[R]],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+@overload
+def map_concurrent_sync(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[R]: ...
+
+
+@overload
+def map_concurrent_sync(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], R],
+    *,
+    model: str | None = ...,
+    capacity: int | None = ...,
+    timeout: float | None = ...,
+    return_exceptions: Literal[True],
+) -> list[R | BaseException]: ...
+
+
+def map_concurrent_sync(
+    items: Iterable[T] | AsyncIterable[T],
+    fn: Callable[[T], Any],
     *,
     model: str | None = None,
     capacity: int | None = None,
-    return_exceptions: bool = False,
     timeout: float | None = None,
+    return_exceptions: bool = False,
 ) -> list[Any]:
     """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
 

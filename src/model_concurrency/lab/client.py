@@ -1,14 +1,17 @@
-"""Fan-out clients on simulated time, driven by the production policy, controller core and limiter core.
+"""Fan-out clients on simulated time: the production model runtime's parts behind a SimPy front-end.
 
-Nothing here re-implements a decision. A :class:`SimClient` is the simulated twin of ``map_concurrent`` plus a
-``LiveController``: it owns the very :class:`~model_concurrency.controller.ControllerCore` and
-:class:`~model_concurrency.gate.limiter.LimiterCore` classes the live path uses, and only supplies the two things
-that differ in a simulation, the clock (``env.now``) and the I/O (a SimPy process that reads the fleet's
-snapshot every ``poll_s`` seconds, and requests submitted to the engine model).
+Nothing here re-implements a decision or a poll. A :class:`SimClient` is the simulated twin of ``map_concurrent``
+on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_concurrency.controller.ControllerCore`,
+:class:`~model_concurrency.gate.limiter.LimiterCore`, :class:`~model_concurrency.gate.limiter.UsageMeter` and
+:class:`~model_concurrency.controller.CallRecorder`, and the same poll step
+(:func:`~model_concurrency.runtime.poll_step`: snapshot or error in, interval usage and calls drained, target
+out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process
+every ``poll_s`` seconds, like the live poller thread) and the I/O (the fleet's snapshot, and requests submitted
+to the engine model).
 
-The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, and the waiters the core hands back on
-``release``/``resize`` are succeeded. One dispatcher process per client pulls items while the limiter grants
-slots, so a client costs one process, not one per item.
+The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
+``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. One dispatcher
+process per client pulls items while the limiter grants slots, so a client costs one process, not one per item.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import simpy
 
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.engine.request import Request
-from model_concurrency.gate.limiter import LimiterCore
-from model_concurrency.observation import EngineSnapshot, observe
+from model_concurrency.gate.limiter import LimiterCore, UsageMeter
+from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy
+from model_concurrency.runtime import poll_step
 
 __all__ = ["ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
 
@@ -113,8 +117,8 @@ class SimClient:
         )
         start = schedule.limit_at(0.0) if schedule is not None else self.core.target
         self.limiter: LimiterCore[simpy.Event] = LimiterCore(start)
+        self.usage = UsageMeter(env.now)
         self.calls = CallRecorder()
-        self.previous: EngineSnapshot | None = None
         self.started = 0
         self.completed = 0
         self.errors = 0
@@ -141,6 +145,7 @@ class SimClient:
 
     # -- the limiter's SimPy front-end ------------------------------------------------------------------
     def _wake(self, granted: list[simpy.Event]) -> None:
+        self.usage.note(self.limiter.inflight, self.env.now)
         for event in granted:
             event.succeed()
 
@@ -152,7 +157,9 @@ class SimClient:
         env = self.env
         while self.items is None or self.started < self.items or self.retry:
             slot = env.event()
-            if not self.limiter.acquire_or_enqueue(slot):
+            if self.limiter.acquire_or_enqueue(slot):
+                self.usage.note(self.limiter.inflight, env.now)
+            else:
                 yield slot
             if self.retry:
                 request = self.retry.pop()
@@ -198,13 +205,7 @@ class SimClient:
                     snapshot = self.target.snapshot()
                 except ConnectionError:
                     snapshot = None
-            if snapshot is None:
-                core.fail(now, "metrics unavailable", inflight=self.inflight)
-                self.calls.drain()
-            else:
-                obs = observe(snapshot, self.previous, inflight=self.inflight, time=now, calls=self.calls.drain())
-                self.previous = snapshot
-                core.update(obs)
+            poll_step(core, self.calls.drain(), self.usage.take(now), now, snapshot, "metrics unavailable")
             self.poll_times.append(now)
             self.poll_targets.append(core.target)
             self._resize(core.target)

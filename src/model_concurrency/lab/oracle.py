@@ -53,9 +53,6 @@ class Sweep:
         goal = KNEE_FRACTION * self.peak
         return min(c for c, t in zip(self.concurrency, self.throughput, strict=True) if t >= goal)
 
-    def throughput_at(self, concurrency: int) -> float:
-        return dict(zip(self.concurrency, self.throughput, strict=True))[concurrency]
-
 
 def _phase_scenario(scenario: Scenario, phase: Phase, background_rps: float) -> Scenario:
     if len(set(phase.engines)) > 1:

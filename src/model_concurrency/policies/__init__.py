@@ -1,7 +1,7 @@
 """Policies: pure decisions from an Observation to the next concurrency target.
 
-Built-ins (docs/policies.md): ``aimd`` (the production default), ``seed-aimd`` (the original rules, flaws kept),
-``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity``, ``adaptive`` and ``static``.
+Built-ins (docs/policies.md): ``adaptive`` (the production default), ``aimd``, ``seed-aimd`` (the original rules,
+flaws kept), ``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity`` and ``static``.
 :func:`load_policy` builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.
 """
 
@@ -18,7 +18,6 @@ from model_concurrency.policies.registry import (
     find_preset,
     load_policy,
     load_preset,
-    make_policy,
     policy_names,
 )
 from model_concurrency.policies.seed_aimd import SeedAIMD
@@ -41,6 +40,5 @@ __all__ = [
     "find_preset",
     "load_policy",
     "load_preset",
-    "make_policy",
     "policy_names",
 ]

@@ -7,11 +7,37 @@ increase to everybody's total (flaw 1 of the original controller, docs/policies.
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["finite_or", "own_share", "sustainable"]
+__all__ = ["IdleClock", "app_limited", "own_share", "sustainable"]
+
+
+def app_limited(obs: Observation, target: float, near_full: float) -> bool:
+    """True when this process did not use its window during the interval: peak in-flight ``< near_full × target``.
+
+    The peak, not the in-flight count at the poll: a window that was full at any moment since the previous poll
+    counts as used. Read at an instant, a poll taken just after a call finished sees ``target - 1`` and, with a
+    small target (4 × 0.8 = 3.2), would hold forever.
+    """
+    return obs.inflight_peak < near_full * target
+
+
+@dataclass(slots=True)
+class IdleClock:
+    """How long this process has had nothing in flight (by ``obs.time``), for policies that forget when idle."""
+
+    since: float | None = None
+
+    def idle_for(self, obs: Observation) -> float:
+        """Seconds of polls whose whole interval had nothing in flight; 0 once anything ran."""
+        if obs.inflight_peak > 0:
+            self.since = None
+            return 0.0
+        if self.since is None or obs.time < self.since:
+            self.since = obs.time
+        return obs.time - self.since
 
 
 def own_share(obs: Observation) -> float:
@@ -38,8 +64,3 @@ def sustainable(obs: Observation) -> float | None:
     if obs.inflight <= 0 or queued <= 0:
         return None
     return obs.inflight * obs.running / queued
-
-
-def finite_or(value: float, fallback: float) -> float:
-    """``value`` if finite, else ``fallback``: policies keep their internal state finite whatever they are fed."""
-    return value if math.isfinite(value) else fallback

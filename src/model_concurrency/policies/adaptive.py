@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies._common import own_share, sustainable
+from model_concurrency.policies._common import IdleClock, app_limited, own_share, sustainable
 
 __all__ = ["Adaptive"]
 
@@ -94,7 +94,7 @@ class Adaptive:
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
     blocks: float | None = field(default=None, init=False)
-    idle_since: float | None = field(default=None, init=False)
+    idle: IdleClock = field(default_factory=IdleClock, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -142,12 +142,7 @@ class Adaptive:
         return max(known) if known else None
 
     def _track_idle(self, obs: Observation) -> None:
-        if obs.inflight > 0:
-            self.idle_since = None
-            return
-        if self.idle_since is None or obs.time < self.idle_since:
-            self.idle_since = obs.time
-        if obs.time - self.idle_since >= self.idle_s:
+        if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
             self.w_max, self.probes = None, 0
             self.samples.clear()
 
@@ -213,7 +208,7 @@ class Adaptive:
                 self.w_max *= factor
             self.samples = deque(((t, r * factor) for t, r in self.samples), maxlen=self.window_polls)
             self.probes = 0
-            if factor < 1 or obs.inflight >= self.near_full * target:
+            if factor < 1 or not app_limited(obs, target, self.near_full):
                 return target * factor
         if self._saturated(obs):
             served = sustainable(obs)
@@ -223,7 +218,7 @@ class Adaptive:
                 return target
             self.w_max, self.w_max_time = served, obs.time
             return min(target, self.decrease_factor * served)
-        if obs.inflight < self.near_full * target:
+        if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
         return min(self._grow(target, obs, rate), max(target, self._kv_cap(obs)))

@@ -1,4 +1,4 @@
-"""AIMD: the production default.
+"""AIMD: additive increase, multiplicative decrease on capacity-waiting (the default before ``adaptive``).
 
 Additive-increase/multiplicative-decrease converges to an efficient and fair share when every client sees the
 same binary congestion signal (Chiu & Jain, 1989). Here the signal is vLLM's capacity-waiting gauge: requests
@@ -21,12 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies._common import app_limited, sustainable
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["AIMD"]
 
 
 @dataclass(slots=True)
-class AIMD:
+class AIMD(PolicyBase):
     """Grow by ``max(increase_min, increase_fraction x target)`` when near-full and healthy; cut on saturation."""
 
     increase_fraction: float = 0.25
@@ -45,13 +47,10 @@ class AIMD:
     def next_target(self, target: float, obs: Observation) -> float:
         if obs.waiting_capacity > 0:
             decreased = self.decrease_factor * target
-            queued = obs.running + obs.waiting
-            if obs.inflight > 0 and queued > 0:
-                # Our calls are spread over running and waiting like everyone else's: the running fraction of
-                # our in-flight calls is what the engine is sustaining for us right now.
-                sustainable = obs.inflight * obs.running / queued
-                return min(decreased, sustainable)
-            return decreased
-        if obs.inflight >= self.near_full * target:
+            # Our calls are spread over running and waiting like everyone else's: the running fraction of our
+            # in-flight calls is what the engine is sustaining for us right now.
+            served = sustainable(obs)
+            return decreased if served is None else min(decreased, served)
+        if not app_limited(obs, target, self.near_full):
             return target + max(self.increase_min, self.increase_fraction * target)
         return target

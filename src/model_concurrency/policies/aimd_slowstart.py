@@ -21,13 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies._common import IdleClock, app_limited
 from model_concurrency.policies.aimd import AIMD
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["AIMDSlowStart"]
 
 
 @dataclass(slots=True)
-class AIMDSlowStart:
+class AIMDSlowStart(PolicyBase):
     """Slow start (×``slow_start_factor`` a poll) until the first saturation, then :class:`AIMD`.
 
     Parameters:
@@ -45,7 +47,7 @@ class AIMDSlowStart:
     decrease_factor: float = 0.8
     near_full: float = 0.8
     in_slow_start: bool = field(default=True, init=False)
-    idle_since: float | None = field(default=None, init=False)
+    idle: IdleClock = field(default_factory=IdleClock, init=False)
     _aimd: AIMD = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,12 +63,7 @@ class AIMDSlowStart:
         )
 
     def _track_idle(self, obs: Observation) -> None:
-        if obs.inflight > 0:
-            self.idle_since = None
-            return
-        if self.idle_since is None or obs.time < self.idle_since:
-            self.idle_since = obs.time
-        if obs.time - self.idle_since >= self.idle_s:
+        if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
             self.in_slow_start = True
 
     def next_target(self, target: float, obs: Observation) -> float:
@@ -75,7 +72,7 @@ class AIMDSlowStart:
             self.in_slow_start = False
             return self._aimd.next_target(target, obs)
         if self.in_slow_start:
-            if obs.inflight >= self.near_full * target:
+            if not app_limited(obs, target, self.near_full):
                 return max(target * self.slow_start_factor, target + self.increase_min)
             return target
         return self._aimd.next_target(target, obs)

@@ -4,19 +4,48 @@ A policy does no I/O and reads time only from ``obs.time``, so the same object r
 simulator. It needs no floor or ceiling: the controller clamps whatever it returns to ``[floor, ceiling]`` and
 treats a non-finite answer as "hold". It is never called for a failed poll; the controller's grace rule owns
 those.
+
+Two declarations complete the interface, both with defaults so a plug-in that only writes ``next_target`` (see
+``policies/example_plugin.py``) keeps loading: ``grace_polls`` (None: the operator's
+``MODEL_CONCURRENCY_GRACE_POLLS``; an int pins the policy's own, ``seed-aimd`` pins 0) and
+``uses_engine_signals`` (True: the model's ``/metrics`` page is scraped; False: only this process's own calls are
+observed, so a hosted endpoint without ``/metrics`` still adapts). Deriving from :class:`PolicyBase` declares the
+defaults; :func:`declared_grace_polls` and :func:`uses_engine_signals` read them for any policy object.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from model_concurrency.observation import Observation
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "PolicyBase", "declared_grace_polls", "uses_engine_signals"]
 
 
 @runtime_checkable
 class Policy(Protocol):
-    """Anything with ``next_target``; plug-in authors implement this and nothing else."""
+    """Anything with ``next_target``; plug-in authors implement this (and may declare the two traits below)."""
 
     def next_target(self, target: float, obs: Observation) -> float: ...
+
+
+class PolicyBase:
+    """The declared traits with their defaults; every built-in policy derives from it."""
+
+    __slots__ = ()
+
+    #: Failed polls the last good target survives; None defers to ``MODEL_CONCURRENCY_GRACE_POLLS``.
+    grace_polls: ClassVar[int | None] = None
+    #: Whether the policy reads engine gauges (False: client-side signals only, no ``/metrics`` scrape).
+    uses_engine_signals: ClassVar[bool] = True
+
+
+def declared_grace_polls(policy: Policy) -> int | None:
+    """The policy's pinned grace, or None (the documented default) when it declares none or an invalid one."""
+    value = getattr(policy, "grace_polls", PolicyBase.grace_polls)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def uses_engine_signals(policy: Policy) -> bool:
+    """Whether the policy needs the engine's gauges (the documented default: True)."""
+    return getattr(policy, "uses_engine_signals", PolicyBase.uses_engine_signals) is not False

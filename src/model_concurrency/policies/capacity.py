@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies._common import own_share, sustainable
+from model_concurrency.policies._common import app_limited, own_share, sustainable
 
 __all__ = ["Capacity"]
 
@@ -131,7 +131,7 @@ class Capacity:
             if served is None:  # none of the queue is ours
                 return target
             return min(target, self.drain_factor * served)
-        if obs.inflight < self.near_full * target:
+        if app_limited(obs, target, self.near_full):
             return target
         capacity = self.estimate(obs)
         if capacity is None:

@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies._common import app_limited
+from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["Gradient"]
 
 
 @dataclass(slots=True)
-class Gradient:
+class Gradient(PolicyBase):
     """Shrink as the short-term latency rises above the long-term baseline; grow while it does not.
 
     Parameters:
@@ -52,6 +55,9 @@ class Gradient:
         app_limited: hold while ``inflight < app_limited × target`` (default 0.5, as Gradient2).
         throttle_factor: multiplicative cut on a poll with 429/503 responses (default 0.8, in (0, 1)).
     """
+
+    #: Works from this process's own latencies and 429/503s: a hosted endpoint has no /metrics page to scrape.
+    uses_engine_signals: ClassVar[bool] = False
 
     tolerance: float = 1.5
     min_gradient: float = 0.5
@@ -136,7 +142,7 @@ class Gradient:
         if latency is None or not (math.isfinite(latency) and latency > 0):
             return target
         long, short = self._update_latency(latency)
-        if obs.inflight < self.app_limited * target:
+        if app_limited(obs, target, self.app_limited):
             self.ramp_rate = None  # an application-limited poll says nothing about the last doubling
             return target
         if self.slow_start_factor > 1:

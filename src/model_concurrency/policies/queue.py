@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies._common import own_share
+from model_concurrency.policies._common import app_limited, own_share
 
 __all__ = ["QueuePolicy"]
 
@@ -64,6 +64,6 @@ class QueuePolicy:
         if queue > self.beta:
             step = max(self.decrease_min, own_share(obs) * (queue - self.alpha))
             return max(target - step, self.min_factor * target)
-        if queue <= self.alpha and obs.inflight >= self.near_full * target:
+        if queue <= self.alpha and not app_limited(obs, target, self.near_full):
             return target + max(self.increase_min, self.increase_fraction * target)
         return target

@@ -55,7 +55,6 @@ __all__ = [
     "find_preset",
     "load_policy",
     "load_preset",
-    "make_policy",
     "policy_names",
     "preset_dirs",
 ]
@@ -271,8 +270,3 @@ def load_policy(name_or_path: str | os.PathLike[str], **params: Any) -> Policy:
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ValueError(f"a policy name must be a non-empty string, got {name_or_path!r}")
     return _resolve(name_or_path.strip(), params, base_dir=None, depth=0)
-
-
-def make_policy(name: str, **params: Any) -> Policy:
-    """Build a policy by name with constructor parameters: the same resolution as :func:`load_policy`."""
-    return load_policy(name, **params)

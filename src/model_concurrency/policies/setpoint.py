@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies._common import app_limited
 
 __all__ = ["Setpoint"]
 
@@ -105,7 +106,7 @@ class Setpoint:
             return target
         error = min(1.0, max(-1.0, (self.setpoint - measured) / self.setpoint))
         self.last_error = error
-        if error > 0 and obs.inflight < self.near_full * target:
+        if error > 0 and app_limited(obs, target, self.near_full):
             # Conditional integration: headroom we are not using is no reason to grow. Hold, and track.
             self.integral = self._clamp_integral(math.log(safe_target) - self.kp * error)
             self.last_output = target

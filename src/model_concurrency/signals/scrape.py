@@ -169,6 +169,11 @@ def fetch_text(
         loop.close()
 
 
+def has_control_characters(value: str) -> bool:
+    """HTTP forbids these in a header; an API key holding one is refused here and at registration alike."""
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+
+
 async def afetch_text(
     url: str,
     *,
@@ -177,7 +182,7 @@ async def afetch_text(
     limits: ScrapeLimits = ScrapeLimits(),
 ) -> str:
     """Non-blocking fetch for event loops: timeout per operation, one deadline over the whole exchange."""
-    if api_key is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
+    if api_key is not None and has_control_characters(api_key):
         # Refused before any HTTP library sees it: their protocol errors and debug logs quote header values.
         raise ScrapeError("api_key contains control characters; not sent")
     deadline = time.monotonic() + limits.deadline_s

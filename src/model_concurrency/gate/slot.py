@@ -1,0 +1,100 @@
+"""``slot(model)``: one call of a fan-out this package does not run, counted and gated like the gate's own.
+
+An application with its own pool, its own ``asyncio.gather`` or a framework's executor wraps each call::
+
+    async with slot("bge-m3"):        # or: with slot("bge-m3"):
+        await client.embeddings.create(...)
+
+Entering takes a permit from the model's limiter (waiting, FIFO, while the target is reached), so the call is in
+the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
+exception's HTTP status when it carries one) for the next poll. While any slot is held the model's runtime
+polls on schedule. The sync form never blocks an event loop it is not running on; used inside a running loop it
+would, so use ``async with`` there.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from types import TracebackType
+
+from model_concurrency.config import get_model
+from model_concurrency.gate.stats import status_of
+from model_concurrency.hooks import warn_unknown
+from model_concurrency.runtime import ModelRuntime, runtime_for
+
+__all__ = ["slot"]
+
+
+class slot:
+    """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
+
+    __slots__ = ("_runtime", "_start", "model")
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model
+        self._runtime: ModelRuntime | None = None
+        self._start = 0.0
+
+    def _begin(self) -> ModelRuntime:
+        if self._runtime is not None:
+            raise RuntimeError("this slot is already held; make one slot(model) per call")
+        if get_model(self.model) is None:
+            warn_unknown(self.model)
+        runtime = runtime_for(self.model)
+        runtime.enter()
+        runtime.limiter.resize(max(1, runtime.current()))
+        self._runtime = runtime
+        return runtime
+
+    def _end(self, exc: BaseException | None) -> None:
+        runtime, self._runtime = self._runtime, None
+        assert runtime is not None
+        latency = perf_counter() - self._start
+        runtime.limiter.release()
+        if exc is None:
+            runtime.calls.record(latency, ok=True)
+        else:
+            runtime.calls.record(latency, ok=False, status=status_of(exc))
+        runtime.leave()
+
+    def _abandon(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.leave()
+
+    def __enter__(self) -> slot:
+        limiter = self._begin().limiter
+        try:
+            waiter = limiter.acquire_or_enqueue_thread()
+            if waiter is not None:
+                try:
+                    waiter.wait()
+                except BaseException:
+                    if not limiter.withdraw(waiter):
+                        limiter.release()
+                    raise
+        except BaseException:
+            self._abandon()
+            raise
+        self._start = perf_counter()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._end(exc)
+
+    async def __aenter__(self) -> slot:
+        limiter = self._begin().limiter
+        try:
+            await limiter.acquire()
+        except BaseException:
+            self._abandon()
+            raise
+        self._start = perf_counter()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._end(exc)

@@ -1,0 +1,453 @@
+"""One runtime per model: the controller, the limiter, the recorder, the usage meter and the poll schedule.
+
+A :class:`ModelRuntime` is everything this process knows and decides about one model, in one object:
+
+* the spec and the :class:`~model_concurrency.controller.ControllerCore` (policy, bounds, grace);
+* the model's :class:`~model_concurrency.gate.model_limiter.ModelLimiter`: the only in-flight count, whose
+  usage meter gives each poll the interval's peak and mean in flight;
+* the :class:`~model_concurrency.controller.CallRecorder` the gate and :func:`slot` feed;
+* the signal source and the schedule: while anything uses the model (a fan-out, a slot) a background thread
+  polls it every ``MODEL_CONCURRENCY_POLL_S``, so no poll rides on a completion and none blocks an event loop.
+
+:func:`poll_step` is the poll itself (snapshot or error in at a time, target out) and is the one the lab's
+simulated clients call too. Callers read a runtime's state; only its poll writes it. The registry
+(:func:`runtime_for`) holds one runtime per model key and owns reset and fork handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from model_concurrency import config, telemetry
+from model_concurrency.config import ModelSpec, get_model, setting
+from model_concurrency.controller import CallRecorder, ControllerCore
+from model_concurrency.observation import CallStats, EngineSnapshot, observe
+from model_concurrency.policies.base import Policy, uses_engine_signals
+from model_concurrency.policies.registry import load_policy
+from model_concurrency.policies.static import Static
+from model_concurrency.signals.prometheus_api import PrometheusSource
+from model_concurrency.signals.scrape import ScrapeLimits
+from model_concurrency.signals.source import ClientOnlySource, SignalSource, VllmMetricsSource
+
+if TYPE_CHECKING:  # the gate imports this module; its own modules are imported where used
+    from model_concurrency.gate.limiter import Usage
+    from model_concurrency.gate.model_limiter import ModelLimiter
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "ModelRuntime",
+    "forget_runtime",
+    "install_runtime",
+    "is_current",
+    "limiter_for",
+    "on_reset",
+    "poll_step",
+    "registered_limiters",
+    "registered_runtimes",
+    "reset_runtimes",
+    "runtime_for",
+]
+
+log = logging.getLogger("model_concurrency")
+Clock = Callable[[], float]
+
+DEFAULT_POLICY = "adaptive"
+# The poller re-checks at least this often, so a clock that jumps (a test's) is followed promptly.
+_MAX_WAIT_S = 0.02
+# After resolve_capacity was last asked, the model is polled on schedule for at least this long (or 10 polls).
+HOOK_LINGER_S = 10.0
+# Between two polls at least this long even with MODEL_CONCURRENCY_POLL_S=0, so a scrape is never a busy loop.
+_MIN_GAP_S = 0.005
+
+
+def poll_step(
+    core: ControllerCore,
+    calls: CallStats,
+    usage: Usage,
+    now: float,
+    snapshot: EngineSnapshot | None,
+    reason: str | None = None,
+) -> int:
+    """One poll: the snapshot (or None, failed for ``reason``) plus the interval's calls and usage, into the core.
+
+    Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
+    measures is the decision production makes.
+    """
+    if snapshot is None:
+        return core.fail(now, reason or "no snapshot", inflight=usage.inflight)
+    obs = observe(
+        snapshot,
+        core.last_snapshot,
+        inflight=usage.inflight,
+        inflight_peak=usage.peak,
+        inflight_mean=usage.mean,
+        time=now,
+        calls=calls,
+    )
+    core.last_snapshot = snapshot
+    return core.update(obs)
+
+
+def engine_usage(snapshot: EngineSnapshot) -> Usage:
+    """Use judged from the engine's ``running``, for a process whose calls nothing counts (``resolve_capacity``)."""
+    from model_concurrency.gate.limiter import Usage
+
+    running = max(0, round(snapshot.running))
+    return Usage(running, running, float(running))
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def adaptive_enabled() -> bool:
+    return bool(setting(*config.ADAPTIVE_FLAG))
+
+
+class ModelRuntime:
+    """One model in this process: its decisions, its limiter, its calls, and when it is polled next."""
+
+    def __init__(
+        self,
+        spec: ModelSpec | None,
+        *,
+        name: str | None = None,
+        source: SignalSource | None = None,
+        policy: Policy | None = None,
+        clock: Clock = time.monotonic,
+        floor: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name if spec is not None else (name or "default")
+        self.clock = clock
+        chosen = policy if policy is not None else _policy_for(spec)
+        self.source = source if source is not None else _default_source(spec, chosen)
+        self.core = ControllerCore(policy=chosen)
+        self.calls = CallRecorder()
+        self._floor_override = floor
+        self._lock = threading.Lock()
+        self._polling = False
+        self._users = 0
+        self._reporting = False  # whether anything ever counted this model's calls in flight here
+        self._said_engine_usage = False
+        self._poller: threading.Thread | None = None
+        self._asked_at: float | None = None
+        self._closed = threading.Event()
+        self._refresh_knobs()
+        from model_concurrency.gate.model_limiter import ModelLimiter
+
+        self.limiter = ModelLimiter(self.name, self.core.target, clock)
+
+    # -- what callers read ---------------------------------------------------------------------------------
+    @property
+    def floor(self) -> int:
+        if self._floor_override is not None:
+            return self._floor_override
+        return self.spec.static_capacity if self.spec is not None else 1
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the controller applies now (a source, and the flag on): else the floor, with no scrape."""
+        return self.source is not None and adaptive_enabled()
+
+    def current(self) -> int:
+        """The limit in force now, without polling (hot paths, dashboards)."""
+        return self.core.target if self.adaptive else self.floor
+
+    peek = current
+
+    def inflight(self) -> int:
+        return self.limiter.inflight()
+
+    def set_floor(self, floor: int) -> None:
+        self._floor_override = max(1, int(floor))
+        with self._lock:
+            self.core.set_bounds(self.floor, self.core.ceiling)
+        self.limiter.resize(self.current())
+
+    def _refresh_knobs(self) -> None:
+        self.core.poll_interval_s = setting(*config.POLL_S)
+        self.core.grace_polls = setting(*config.GRACE_POLLS)
+        self.core.set_bounds(self.floor, setting(*config.MAX_CONCURRENCY))
+        if isinstance(self.source, (VllmMetricsSource, PrometheusSource)):
+            timeout = setting(*config.TIMEOUT_S)
+            if timeout != self.source.limits.timeout_s:
+                self.source.limits = ScrapeLimits(timeout_s=timeout, deadline_s=2 * timeout)
+
+    # -- users and the schedule ----------------------------------------------------------------------------
+    def enter(self) -> None:
+        """A fan-out or a slot starts using the model: its calls are counted, and it is polled on schedule."""
+        with self._lock:
+            self._users += 1
+            self._reporting = True
+            self._start_poller()
+
+    def asked(self) -> None:
+        """The hook was asked for the capacity: poll on schedule for a while, as the caller's pool runs.
+
+        With a poll interval of 0 every ask polls inline already, and a scheduled poller would only spin.
+        """
+        with self._lock:
+            self._asked_at = self.clock()
+            if self.core.poll_interval_s > 0:
+                self._start_poller()
+
+    def _start_poller(self) -> None:
+        if self._poller is None and self.source is not None and not self._closed.is_set():
+            self._poller = threading.Thread(
+                target=self._poll_loop, name=f"model-concurrency-poll-{self.name}", daemon=True
+            )
+            self._poller.start()
+
+    def _in_use(self) -> bool:
+        """Someone counts calls here, or the hook was asked recently (a pool it sized may still be running)."""
+        if self._users > 0:
+            return True
+        if self._asked_at is None:
+            return False
+        linger = max(10 * self.core.poll_interval_s, HOOK_LINGER_S)
+        return self.clock() - self._asked_at <= linger
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users = max(0, self._users - 1)
+
+    def close(self) -> None:
+        """Stop polling (the registry dropped this runtime); holders still release into its limiter."""
+        self._closed.set()
+
+    def _poll_loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._in_use() or self._closed.is_set():
+                    self._poller = None
+                    return
+                wait = self.core.next_poll_at - self.clock()
+            if wait > 0:
+                self._closed.wait(min(wait, _MAX_WAIT_S))
+                continue
+            if self.adaptive and self._claim():
+                self._poll_blocking()
+            self._closed.wait(_MIN_GAP_S)
+
+    # -- the poll ------------------------------------------------------------------------------------------
+    def _claim(self) -> bool:
+        if self.source is None:
+            return False
+        now = self.clock()
+        with self._lock:
+            if self._polling or not self.core.poll_due(now):
+                return False
+            self._polling = True
+            self._refresh_knobs()
+            self.core.begin_poll(now)
+            return True
+
+    def _finish(self, snapshot: EngineSnapshot | None, error: BaseException | None) -> None:
+        with self._lock:
+            try:
+                now = self.clock()
+                usage = self.limiter.take_usage()
+                if snapshot is not None and not self._reporting:
+                    usage = engine_usage(snapshot)
+                    if not self._said_engine_usage:
+                        self._said_engine_usage = True
+                        log.info(
+                            "model %s: nothing here counts calls in flight (resolve_capacity alone); judging use "
+                            "from the engine's running requests",
+                            self.name,
+                        )
+                reason = None
+                if snapshot is None:
+                    reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
+                poll_step(self.core, self.calls.drain(), usage, now, snapshot, reason)
+                if snapshot is None:
+                    log.warning(
+                        "model %s: metrics poll failed (%s); %d consecutive, target %d",
+                        self.name,
+                        reason,
+                        self.core.consecutive_failures,
+                        self.core.target,
+                    )
+                telemetry.publish(self)
+            finally:
+                self._polling = False
+        self.limiter.resize(self.current())
+
+    def _poll_blocking(self) -> None:
+        assert self.source is not None
+        try:
+            snapshot = self.source.read()
+        except Exception as exc:
+            self._finish(None, exc)
+        else:
+            self._finish(snapshot, None)
+
+    def target(self) -> int:
+        """The limit for sync callers; polls inline when due, or in a thread when inside a running event loop."""
+        if self.adaptive and self._claim():
+            if _in_event_loop():
+                threading.Thread(target=self._poll_blocking, name="model-concurrency-poll", daemon=True).start()
+            else:
+                self._poll_blocking()
+        return self.current()
+
+    async def atarget(self) -> int:
+        """The limit for async callers; a due poll is awaited here, never blocking the loop."""
+        if self.adaptive and self._claim():
+            assert self.source is not None
+            try:
+                snapshot = await self.source.aread()
+            except asyncio.CancelledError:
+                with self._lock:
+                    self._polling = False
+                raise
+            except Exception as exc:
+                self._finish(None, exc)
+            else:
+                self._finish(snapshot, None)
+        return self.current()
+
+    def __repr__(self) -> str:
+        return f"ModelRuntime(model={self.name!r}, target={self.current()}, source={self.source!r})"
+
+
+def _default_source(spec: ModelSpec | None, policy: Policy) -> SignalSource | None:
+    if spec is None:
+        return None
+    if not uses_engine_signals(policy):
+        return ClientOnlySource() if spec.base_url else None
+    limits = ScrapeLimits(timeout_s=setting(*config.TIMEOUT_S), deadline_s=2 * setting(*config.TIMEOUT_S))
+    if spec.prometheus_url:
+        return PrometheusSource(spec.prometheus_url, spec.served_name, limits=limits)
+    url = spec.resolved_metrics_url
+    if url is None:
+        return None
+    return VllmMetricsSource.for_model(
+        url, spec.served_name, base_url=spec.base_url, api_key=spec.api_key, limits=limits
+    )
+
+
+def _policy_for(spec: ModelSpec | None) -> Policy:
+    if spec is None:
+        return Static()
+    chosen = spec.policy if spec.policy is not None else setting(*config.POLICY)
+    if not isinstance(chosen, str):
+        return chosen
+    try:
+        return load_policy(chosen)
+    except ValueError as exc:
+        log.error("model %s: %s; using the built-in default policy %r", spec.name, exc, DEFAULT_POLICY)
+        return load_policy(DEFAULT_POLICY)
+
+
+# -- the registry ------------------------------------------------------------------------------------------------
+_runtimes: dict[str, ModelRuntime] = {}
+_installed: set[str] = set()
+_registry_lock = threading.Lock()
+_reset_hooks: list[Callable[[], None]] = []
+
+
+def _key(model: str | None) -> tuple[ModelSpec | None, str]:
+    spec = get_model(model)
+    return spec, (spec.name if spec is not None else (model or "default"))
+
+
+def runtime_for(model: str | None) -> ModelRuntime:
+    """The process's one runtime for ``model`` (a name or a role); rebuilt when its registration changed."""
+    spec, key = _key(model)
+    runtime = _runtimes.get(key)
+    if runtime is not None and (runtime.spec == spec or key in _installed):
+        return runtime
+    with _registry_lock:
+        runtime = _runtimes.get(key)
+        if runtime is None or (runtime.spec != spec and key not in _installed):
+            if runtime is not None:
+                runtime.close()
+            runtime = _runtimes[key] = ModelRuntime(spec, name=key)
+        return runtime
+
+
+def install_runtime(runtime: ModelRuntime) -> ModelRuntime:
+    """Make ``runtime`` the one every entry point uses for its model (tests, custom sources or clocks).
+
+    It stays until the model is re-registered or runtimes are reset.
+    """
+    with _registry_lock:
+        old = _runtimes.get(runtime.name)
+        if old is not None and old is not runtime:
+            old.close()
+        _runtimes[runtime.name] = runtime
+        _installed.add(runtime.name)
+    return runtime
+
+
+def forget_runtime(name: str) -> None:
+    """Drop ``name``'s runtime (its model was re-registered); calls in flight release into the old limiter."""
+    with _registry_lock:
+        runtime = _runtimes.pop(name, None)
+        _installed.discard(name)
+    if runtime is not None:
+        runtime.close()
+
+
+def registered_runtimes() -> dict[str, ModelRuntime]:
+    with _registry_lock:
+        return dict(_runtimes)
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when runtimes are reset (the gate drops its pools and stats this way)."""
+    _reset_hooks.append(hook)
+
+
+def reset_runtimes() -> None:
+    """Drop every runtime and its state (registrations stay); calls in flight finish normally."""
+    with _registry_lock:
+        dropped = list(_runtimes.values())
+        _runtimes.clear()
+        _installed.clear()
+    for runtime in dropped:
+        runtime.close()
+    for hook in _reset_hooks:
+        hook()
+
+
+def limiter_for(model: str | None, limit: int | None = None) -> ModelLimiter:
+    """The model's limiter (its runtime's); ``limit`` resizes it only when the runtime is new."""
+    fresh = _key(model)[1] not in _runtimes
+    limiter = runtime_for(model).limiter
+    if fresh and limit is not None:
+        limiter.resize(limit)
+    return limiter
+
+
+def is_current(limiter: ModelLimiter) -> bool:
+    """Whether ``limiter`` still belongs to its model's registered runtime (False after a reset)."""
+    runtime = _runtimes.get(limiter.name)
+    return runtime is not None and runtime.limiter is limiter
+
+
+def registered_limiters() -> dict[str, ModelLimiter]:
+    return {name: runtime.limiter for name, runtime in registered_runtimes().items()}
+
+
+def _after_fork_in_child() -> None:
+    # A child must not inherit locks held by a parent's thread mid-poll, nor its poll state or poller threads.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _runtimes.clear()
+    _installed.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
