@@ -47,7 +47,21 @@ from dataclasses import dataclass, field
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import own_share, sustainable
 
-__all__ = ["Adaptive"]
+__all__ = ["Adaptive", "KvEstimate"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvEstimate:
+    """The engine's room as its KV cache tells it, on one poll (``Adaptive.kv_estimate``).
+
+    ``blocks_per_sequence``: ``kv_usage × num_gpu_blocks / running``; ``sequences``: how many such sequences fill
+    the cache to ``kv_high``; ``bound``: the most our in-flight may grow to, ``inflight + s × (sequences −
+    running)`` with ``s`` our share of the engine's load. The share makes N clients that start together add up
+    to the engine's room, not N times it."""
+
+    blocks_per_sequence: float
+    sequences: float
+    bound: float
 
 
 @dataclass(slots=True)
@@ -182,6 +196,43 @@ class Adaptive:
             return None
         return obs.client_calls / (obs.time - before)
 
+    # -- the first ramp ---------------------------------------------------------------------------------------
+    @property
+    def ramping(self) -> bool:
+        """In the first ramp: nothing learnt yet about where the engine runs out (no ``W_max``, no capacity sample).
+
+        A controller that polls sooner while its policy ramps reads this; it turns False at the first saturated
+        poll or full-pipe exit, and True again after a long idle forgets what was learnt."""
+        return self.w_max is None and not self.samples
+
+    def kv_estimate(self, obs: Observation) -> KvEstimate | None:
+        """What the KV cache says about the engine's room, or None without the figures (then: doubling).
+
+        Needs the block count (``vllm:cache_config_info``: a fixed, known pool), a KV usage above zero and
+        sequences running. Usage is the most loaded engine's, running is summed: on several engines the
+        blocks per sequence come out high and the estimate low, the safe side."""
+        blocks, kv = obs.kv_num_blocks, obs.kv_cache_usage
+        if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not obs.running > 0 or obs.inflight <= 0:
+            return None
+        per_sequence = kv * blocks / obs.running
+        sequences = self.kv_high * blocks / per_sequence
+        bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
+        return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
+
+    def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
+        """Jump to our share of the engine's free KV room at once; without the figures, double (``_startup``).
+
+        The full-pipe exits of ``_startup`` still run first: a jump they end becomes ``W_max + increase_step``.
+        With an estimate no answer exceeds ``max(target, bound)``: the overshoot of the first ramp is capped by
+        the KV cache, and the first saturated poll then cuts to the served share (the sequence limit)."""
+        grown = self._startup(target, obs, rate)
+        estimate = self.kv_estimate(obs)
+        if estimate is None:
+            return grown
+        if self.ramping:
+            grown = max(grown, estimate.bound)
+        return max(target, min(grown, estimate.bound))
+
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
         """The first ramp: double, unless the last doubling bought too little (the pipe is full).
 
@@ -238,7 +289,7 @@ class Adaptive:
     def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
         goal = self.goal(obs)
         if goal is None:
-            return self._startup(target, obs, rate)
+            return self._first_ramp(target, obs, rate)
         if target < self.slow_start_below * goal:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
