@@ -104,6 +104,8 @@ class Adaptive:
     probe_headroom: bool = True
     engine_full_exit: bool = True
     full_is_saturated: bool = True
+    kv_jump: bool = True
+    jump_share: float = 0.9
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -139,6 +141,8 @@ class Adaptive:
             raise ValueError(f"restore_fraction must be in [0, 1], got {self.restore_fraction}")
         if not 0 < self.kv_high <= 1:
             raise ValueError(f"kv_high must be in (0, 1], got {self.kv_high}")
+        if not 0 <= self.jump_share <= 1:
+            raise ValueError(f"jump_share must be in [0, 1], got {self.jump_share}")
         self.samples = deque(maxlen=self.window_polls)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
@@ -229,7 +233,7 @@ class Adaptive:
         estimate = self.kv_estimate(obs)
         if estimate is None:
             return grown
-        if self.ramping:
+        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
             grown = max(grown, estimate.bound)
         return max(target, min(grown, estimate.bound))
 
