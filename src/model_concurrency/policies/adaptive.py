@@ -235,7 +235,7 @@ class Adaptive:
             return grown
         if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
             grown = max(grown, estimate.bound)
-        return max(target, min(grown, estimate.bound))
+        return min(grown, max(target, estimate.bound))
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
         """The first ramp: double, unless the last doubling bought too little (the pipe is full).
