@@ -106,6 +106,7 @@ class Adaptive:
     full_is_saturated: bool = True
     kv_jump: bool = True
     jump_share: float = 0.9
+    jump_fraction: float = 0.5
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -234,7 +235,7 @@ class Adaptive:
         if estimate is None:
             return grown
         if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
-            grown = max(grown, estimate.bound)
+            grown = max(grown, target + self.jump_fraction * (estimate.bound - target))
         return min(grown, max(target, estimate.bound))
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
