@@ -144,6 +144,8 @@ class Adaptive:
             raise ValueError(f"kv_high must be in (0, 1], got {self.kv_high}")
         if not 0 <= self.jump_share <= 1:
             raise ValueError(f"jump_share must be in [0, 1], got {self.jump_share}")
+        if not 0 < self.jump_fraction <= 1:
+            raise ValueError(f"jump_fraction must be in (0, 1], got {self.jump_fraction}")
         self.samples = deque(maxlen=self.window_polls)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
