@@ -127,9 +127,9 @@ def test_rejects_bad_first_ramp_parameters(bad: dict[str, float]) -> None:
 
 _poll = st.builds(
     dict,
-    running=st.floats(0, 5000),
-    waiting=st.floats(0, 500),
-    inflight=st.integers(0, 2000),
+    use=st.floats(0.5, 1.2),  # our in-flight over the target: application-limited to growing
+    others=st.floats(0, 3),  # the other clients' running, over our in-flight
+    waiting=st.floats(0, 0.5),  # waiting over running
     kv=st.one_of(st.none(), st.floats(0, 1)),
     calls=st.integers(0, 10_000),
     preemptions=st.sampled_from([0.0, 0.0, 0.0, 3.0]),
@@ -150,11 +150,12 @@ def test_the_first_ramp_never_grows_past_the_kv_bound(
     p = Adaptive(jump_fraction=jump_fraction)
     target = start
     for i, f in enumerate(polls):
+        inflight = round(target * f["use"])
+        running = inflight * (1 + f["others"])
         obs = Observation(
-            running=f["running"],
-            waiting=f["waiting"],
-            waiting_capacity=f["waiting"],
-            inflight=int(f["inflight"]),
+            running=running,
+            waiting=f["waiting"] * running,
+            inflight=inflight,
             kv_cache_usage=f["kv"],
             kv_num_blocks=blocks,
             preemptions=f["preemptions"],
