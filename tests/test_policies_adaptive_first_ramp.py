@@ -11,12 +11,12 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from servers import EngineState, vllm_page
 
 from model_concurrency import Observation
 from model_concurrency.observation import observe
 from model_concurrency.policies import Adaptive
 from model_concurrency.signals.vllm import parse_vllm_metrics
+from servers import EngineState, vllm_page
 
 
 def poll(

@@ -15,10 +15,17 @@ sender learns, so the rules are, per poll:
 * **saturated** (capacity-waiting): ``W_max ← S`` (the served share, what the engine runs for us), record the
   server-wide ``running`` as an engine-capacity sample, ``T' = min(T, decrease_factor × S)``: never a raise.
 * **application-limited** (``inflight < near_full × T``): hold, as every growing policy here.
+* **first ramp** (no goal yet): the KV cache bounds the engine before it has been driven anywhere.
+  ``vllm:cache_config_info`` gives the block count ``N``; KV usage ``u`` over ``running`` gives the blocks a
+  sequence holds, ``b = u × N / R``; the cache holds ``kv_high × N / b`` such sequences, and our bound is our
+  in-flight plus our share of what is left after ``running``. Alone on the engine (share ``>= jump_share``) the
+  target jumps ``jump_fraction`` of the way to that bound, never less than doubling, never past the bound; the
+  first saturated poll cuts to the served share (the rule above). On a shared engine, or without the figures
+  (older vLLM), it doubles as TCP's slow start does, still capped by the bound when it is known.
 * **slow start**: ``goal = max(W_max, s × C)`` with ``s`` our share of the engine's load and ``C`` the windowed
   maximum of server-wide ``running`` on saturated polls (our share of the engine, which rises when a neighbour
-  leaves). With no goal (the first ramp), or under ``slow_start_below × goal`` (after a metrics outage dropped us
-  to the floor, after a neighbour left): ``×slow_start_factor`` a poll, capped at ``decrease_factor × goal``.
+  leaves). Under ``slow_start_below × goal`` (after a metrics outage dropped us to the floor, after a neighbour
+  left): ``×slow_start_factor`` a poll, capped at ``decrease_factor × goal``.
 * **additive increase**: under the goal, ``+increase_step`` a poll: the same absolute step for every client, so
   unequal clients converge to equal shares, and the overshoot that ends a cycle is one step, not 25 %.
 * **probe**: at or above the goal, ``+increase_step × probe_growth^j`` (``j`` = probing polls so far without
@@ -33,7 +40,8 @@ increase (the engine is full, we only displace other clients); a probe on a full
 of its free slots; far below the goal (after the fail-safe's floor) it returns at once to
 ``restore_fraction × goal``. Rules and parameters in full: docs/policies.md.
 
-The cost: a slow start that overshoots up to 2× on the very first ramp (cut at once to the served share), and a
+The cost: a first ramp that may overshoot the engine's sequence limit for one poll (it is invisible until the
+engine saturates; only the KV bound caps the jump), cut at once to the served share; and a
 cycle of ``(1 − decrease_factor) × S / increase_step`` polls between saturations, below the capacity by at most
 ``1 − decrease_factor``: on the engines of the lab the knee lies lower still.
 """
@@ -85,6 +93,12 @@ class Adaptive:
             every saturation and every KV-block rescale, and forgetting it would send a settled client back to
             doubling from its current level, the one overshoot the startup test cannot see coming.
         idle_s: seconds of ``inflight == 0`` after which everything learnt is forgotten (default 120).
+        kv_jump: on the first ramp, jump toward the KV bound when alone on the engine (default True).
+        jump_share: "alone" means our share of the engine's load is at least this (default 0.9, in [0, 1]): with
+            clients that start together, whoever polled first would take the engine (Jain 0.96 -> 0.71 measured).
+        jump_fraction: how far toward the KV bound one jump goes (default 0.5, in (0, 1]): the bound is above
+            the sequence limit on most engines, and a whole poll spent above that limit queues a poll's worth of
+            requests (docs/policies.md, first ramp).
     """
 
     slow_start_factor: float = 2.0
