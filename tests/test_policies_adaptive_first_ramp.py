@@ -56,20 +56,36 @@ def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
     assert p.next_target(4, obs) == pytest.approx(94)
 
 
-def test_a_lone_client_jumps_halfway_to_the_bound_then_the_first_saturation_cuts_to_the_served_share() -> None:
+def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None:
     p = Adaptive()
     assert p.ramping
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
-    # 94 sequences at 50 blocks each: 47 % usage, the bound is still 184. Halfway (139) is less than doubling
-    # (188), which is never given up; the bound caps it.
-    assert p.next_target(94, poll(94, kv=0.47, time=12.0)) == pytest.approx(184)
-    assert p.ramping
-    # The engine runs 128 (its sequence limit) and queues 56 of ours: cut to 0.9 × 128 once and for all.
-    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=24.0)) == pytest.approx(115.2)
-    assert p.w_max == pytest.approx(128) and p.capacity(24.0) == 128
+    assert p.jump_to == pytest.approx(94)
+    # 94 sequences at 50 blocks each (47 % usage) ran a poll without a queue: 94 becomes W_max, the ramp is over,
+    # and the probes (+1, +2, +4) look for the sequence limit instead of a doubling to 184.
+    assert p.next_target(94, poll(94, kv=0.47, time=12.0)) == pytest.approx(95)
+    assert p.w_max == pytest.approx(94) and not p.ramping
+    assert p.next_target(95, poll(95, kv=0.475, time=24.0)) == pytest.approx(96)
+    assert p.next_target(96, poll(96, kv=0.48, time=36.0)) == pytest.approx(98)
+
+
+def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
+    p = Adaptive(jump_fraction=1.0)
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
+    # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours: 0.9 × 128.
+    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(115.2)
+    assert p.w_max == pytest.approx(128) and p.capacity(12.0) == 128
     assert not p.ramping
-    # After the first ramp the KV estimate no longer jumps: +1 a poll below the goal.
-    assert p.next_target(115.2, poll(115.2, kv=0.576, time=36.0)) == pytest.approx(116.2)
+    # Below the goal: +1 a poll, no second jump.
+    assert p.next_target(115.2, poll(115.2, kv=0.576, time=24.0)) == pytest.approx(116.2)
+
+
+def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
+    p = Adaptive()
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
+    # The ceiling (or the fail-safe) held the target at 64: no W_max; the ramp goes on, capped by the bound.
+    assert p.next_target(64, poll(64, kv=0.32, time=12.0)) == pytest.approx(128)
+    assert p.ramping
 
 
 def test_on_a_shared_engine_it_doubles_and_never_past_its_share_of_the_free_room() -> None:

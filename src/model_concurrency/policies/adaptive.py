@@ -19,9 +19,10 @@ sender learns, so the rules are, per poll:
   ``vllm:cache_config_info`` gives the block count ``N``; KV usage ``u`` over ``running`` gives the blocks a
   sequence holds, ``b = u × N / R``; the cache holds ``kv_high × N / b`` such sequences, and our bound is our
   in-flight plus our share of what is left after ``running``. Alone on the engine (share ``>= jump_share``) the
-  target jumps ``jump_fraction`` of the way to that bound, never less than doubling, never past the bound; the
-  first saturated poll cuts to the served share (the rule above). On a shared engine, or without the figures
-  (older vLLM), it doubles as TCP's slow start does, still capped by the bound when it is known.
+  target jumps once ``jump_fraction`` of the way to that bound (never less than doubling, never past the bound);
+  the first saturated poll cuts to the served share (the rule above), and a poll without saturation makes the
+  jump ``W_max``, from which the probes go on. On a shared engine, or without the figures (older vLLM), it
+  doubles as TCP's slow start does, still capped by the bound when it is known.
 * **slow start**: ``goal = max(W_max, s × C)`` with ``s`` our share of the engine's load and ``C`` the windowed
   maximum of server-wide ``running`` on saturated polls (our share of the engine, which rises when a neighbour
   leaves). Under ``slow_start_below × goal`` (after a metrics outage dropped us to the floor, after a neighbour
@@ -126,6 +127,7 @@ class Adaptive:
     probes: int = field(default=0, init=False)
     blocks: float | None = field(default=None, init=False)
     idle_since: float | None = field(default=None, init=False)
+    jump_to: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -241,17 +243,30 @@ class Adaptive:
         return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
 
     def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
-        """Jump to our share of the engine's free KV room at once; without the figures, double (``_startup``).
+        """Alone on the engine, jump once toward the KV bound; otherwise, or without the figures, double.
 
-        The full-pipe exits of ``_startup`` still run first: a jump they end becomes ``W_max + increase_step``.
-        With an estimate no answer exceeds ``max(target, bound)``: the overshoot of the first ramp is capped by
-        the KV cache, and the first saturated poll then cuts to the served share (the sequence limit)."""
+        The full-pipe exits of ``_startup`` still run first: a ramp they end becomes ``W_max + increase_step``.
+        A jump that ran a poll without saturating becomes ``W_max`` and the probes take over (a second jump or a
+        doubling from there would overshoot the sequence limit, which lies somewhere below the KV bound, for a
+        whole poll). With an estimate no answer exceeds ``max(target, bound)``; the first saturated poll cuts
+        to the served share (the saturated rule)."""
         grown = self._startup(target, obs, rate)
-        estimate = self.kv_estimate(obs)
+        estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
         if estimate is None:
             return grown
+        if self.ramping and jumped is not None and target >= jumped - 1:
+            # We still stand at the jump (within the controller's rounding) and it ran a poll without
+            # saturating: a floor under the capacity. The rest is unknown (the sequence limit is not on the
+            # page), so probe above it instead of doubling past it. A target moved since (a cut, the
+            # fail-safe's floor, the ceiling) proves nothing, and the ramp goes on as if no jump had happened.
+            self.w_max, self.w_max_time, self.probes = target, obs.time, 0
+            self.startup_rate = self.startup_load = None
+            return min(target + self.increase_step, max(target, estimate.bound))
         if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
-            grown = max(grown, target + self.jump_fraction * (estimate.bound - target))
+            jump = target + self.jump_fraction * (estimate.bound - target)
+            if jump > grown:
+                grown = jump
+                self.jump_to = min(grown, max(target, estimate.bound))
         return min(grown, max(target, estimate.bound))
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
