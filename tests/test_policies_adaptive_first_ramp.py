@@ -111,6 +111,16 @@ def test_without_cache_config_info_the_first_ramp_doubles() -> None:
     assert Adaptive().next_target(4, poll(4, running=0, kv=0.0)) == 8
 
 
+def test_a_sequence_holds_at_least_one_block() -> None:
+    # 10,000 blocks and a usage of 1e-308 (or gauges read at different instants): at most 10,000 sequences fit,
+    # 9,200 at kv_high; the bound stays finite.
+    est = Adaptive().kv_estimate(poll(4, kv=1e-308))
+    assert est is not None
+    assert est.blocks_per_sequence == 1
+    assert est.sequences == pytest.approx(9200)
+    assert est.bound == pytest.approx(9200)
+
+
 def test_the_jump_can_be_switched_off_or_made_whole() -> None:
     assert Adaptive(kv_jump=False).next_target(4, poll(4, kv=0.02)) == 8
     assert Adaptive(jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)

@@ -235,9 +235,13 @@ class Adaptive:
         sequences running. Usage is the most loaded engine's, running is summed: on several engines the
         blocks per sequence come out high and the estimate low, the safe side."""
         blocks, kv = obs.kv_num_blocks, obs.kv_cache_usage
-        if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not obs.running > 0 or obs.inflight <= 0:
+        if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not 0 < obs.running < math.inf:
             return None
-        per_sequence = kv * blocks / obs.running
+        if obs.inflight <= 0:
+            return None
+        # A running sequence holds at least one block: less means gauges read at different instants (or a
+        # usage of 1e-308), and the cache cannot hold more sequences than it has blocks.
+        per_sequence = max(1.0, kv * blocks / obs.running)
         sequences = self.kv_high * blocks / per_sequence
         bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
         return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
