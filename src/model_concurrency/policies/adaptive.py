@@ -15,10 +15,18 @@ sender learns, so the rules are, per poll:
 * **saturated** (capacity-waiting): ``W_max ← S`` (the served share, what the engine runs for us), record the
   server-wide ``running`` as an engine-capacity sample, ``T' = min(T, decrease_factor × S)``: never a raise.
 * **application-limited** (``inflight < near_full × T``): hold, as every growing policy here.
+* **first ramp** (no goal yet): the KV cache bounds the engine before it has been driven anywhere.
+  ``vllm:cache_config_info`` gives the block count ``N``; KV usage ``u`` over ``running`` gives the blocks a
+  sequence holds, ``b = u × N / R``; the cache holds ``kv_high × N / b`` such sequences, and our bound is our
+  in-flight plus our share of what is left after ``running``. Alone on the engine (share ``>= jump_share``) the
+  target jumps once ``jump_fraction`` of the way to that bound (never less than doubling, never past the bound);
+  the first saturated poll cuts to the served share (the rule above), and a poll without saturation makes the
+  jump ``W_max``, from which the probes go on. On a shared engine, or without the figures (older vLLM), it
+  doubles as TCP's slow start does, still capped by the bound when it is known.
 * **slow start**: ``goal = max(W_max, s × C)`` with ``s`` our share of the engine's load and ``C`` the windowed
   maximum of server-wide ``running`` on saturated polls (our share of the engine, which rises when a neighbour
-  leaves). With no goal (the first ramp), or under ``slow_start_below × goal`` (after a metrics outage dropped us
-  to the floor, after a neighbour left): ``×slow_start_factor`` a poll, capped at ``decrease_factor × goal``.
+  leaves). Under ``slow_start_below × goal`` (after a metrics outage dropped us to the floor, after a neighbour
+  left): ``×slow_start_factor`` a poll, capped at ``decrease_factor × goal``.
 * **additive increase**: under the goal, ``+increase_step`` a poll: the same absolute step for every client, so
   unequal clients converge to equal shares, and the overshoot that ends a cycle is one step, not 25 %.
 * **probe**: at or above the goal, ``+increase_step × probe_growth^j`` (``j`` = probing polls so far without
@@ -33,7 +41,8 @@ increase (the engine is full, we only displace other clients); a probe on a full
 of its free slots; far below the goal (after the fail-safe's floor) it returns at once to
 ``restore_fraction × goal``. Rules and parameters in full: docs/policies.md.
 
-The cost: a slow start that overshoots up to 2× on the very first ramp (cut at once to the served share), and a
+The cost: a first ramp that may overshoot the engine's sequence limit for one poll (it is invisible until the
+engine saturates; only the KV bound caps the jump), cut at once to the served share; and a
 cycle of ``(1 − decrease_factor) × S / increase_step`` polls between saturations, below the capacity by at most
 ``1 − decrease_factor``: on the engines of the lab the knee lies lower still.
 """
@@ -47,7 +56,21 @@ from dataclasses import dataclass, field
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import IdleClock, app_limited, own_share, sustainable
 
-__all__ = ["Adaptive"]
+__all__ = ["Adaptive", "KvEstimate"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvEstimate:
+    """The engine's room as its KV cache tells it, on one poll (``Adaptive.kv_estimate``).
+
+    ``blocks_per_sequence``: ``kv_usage × num_gpu_blocks / running``; ``sequences``: how many such sequences fill
+    the cache to ``kv_high``; ``bound``: the most our in-flight may grow to, ``inflight + s × (sequences −
+    running)`` with ``s`` our share of the engine's load. The share makes N clients that start together add up
+    to the engine's room, not N times it."""
+
+    blocks_per_sequence: float
+    sequences: float
+    bound: float
 
 
 @dataclass(slots=True)
@@ -71,6 +94,12 @@ class Adaptive:
             every saturation and every KV-block rescale, and forgetting it would send a settled client back to
             doubling from its current level, the one overshoot the startup test cannot see coming.
         idle_s: seconds of ``inflight == 0`` after which everything learnt is forgotten (default 120).
+        kv_jump: on the first ramp, jump toward the KV bound when alone on the engine (default True).
+        jump_share: "alone" means our share of the engine's load is at least this (default 0.9, in [0, 1]): with
+            clients that start together, whoever polled first would take the engine (Jain 0.96 -> 0.71 measured).
+        jump_fraction: how far toward the KV bound one jump goes (default 0.5, in (0, 1]): the bound is above
+            the sequence limit on most engines, and a whole poll spent above that limit queues a poll's worth of
+            requests (docs/policies.md, first ramp).
     """
 
     slow_start_factor: float = 2.0
@@ -90,11 +119,15 @@ class Adaptive:
     probe_headroom: bool = True
     engine_full_exit: bool = True
     full_is_saturated: bool = True
+    kv_jump: bool = True
+    jump_share: float = 0.9
+    jump_fraction: float = 0.5
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
     blocks: float | None = field(default=None, init=False)
     idle: IdleClock = field(default_factory=IdleClock, init=False)
+    jump_to: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -125,6 +158,10 @@ class Adaptive:
             raise ValueError(f"restore_fraction must be in [0, 1], got {self.restore_fraction}")
         if not 0 < self.kv_high <= 1:
             raise ValueError(f"kv_high must be in (0, 1], got {self.kv_high}")
+        if not 0 <= self.jump_share <= 1:
+            raise ValueError(f"jump_share must be in [0, 1], got {self.jump_share}")
+        if not 0 < self.jump_fraction <= 1:
+            raise ValueError(f"jump_fraction must be in (0, 1], got {self.jump_fraction}")
         self.samples = deque(maxlen=self.window_polls)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
@@ -176,6 +213,60 @@ class Adaptive:
         if before is None or obs.time <= before:
             return None
         return obs.client_calls / (obs.time - before)
+
+    # -- the first ramp ---------------------------------------------------------------------------------------
+    @property
+    def ramping(self) -> bool:
+        """In the first ramp: nothing learnt yet about where the engine runs out (no ``W_max``, no capacity sample).
+
+        A controller that polls sooner while its policy ramps reads this; it turns False at the first saturated
+        poll or full-pipe exit, and True again after a long idle forgets what was learnt."""
+        return self.w_max is None and not self.samples
+
+    def kv_estimate(self, obs: Observation) -> KvEstimate | None:
+        """What the KV cache says about the engine's room, or None without the figures (then: doubling).
+
+        Needs the block count (``vllm:cache_config_info``: a fixed, known pool), a KV usage above zero and
+        sequences running. Usage is the most loaded engine's, running is summed: on several engines the
+        blocks per sequence come out high and the estimate low, the safe side."""
+        blocks, kv = obs.kv_num_blocks, obs.kv_cache_usage
+        if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not 0 < obs.running < math.inf:
+            return None
+        if obs.inflight <= 0:
+            return None
+        # A running sequence holds at least one block: less means gauges read at different instants (or a
+        # usage of 1e-308), and the cache cannot hold more sequences than it has blocks.
+        per_sequence = max(1.0, kv * blocks / obs.running)
+        sequences = self.kv_high * blocks / per_sequence
+        bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
+        return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
+
+    def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
+        """Alone on the engine, jump once toward the KV bound; otherwise, or without the figures, double.
+
+        The full-pipe exits of ``_startup`` still run first: a ramp they end becomes ``W_max + increase_step``.
+        A jump that ran a poll without saturating becomes ``W_max`` and the probes take over (a second jump or a
+        doubling from there would overshoot the sequence limit, which lies somewhere below the KV bound, for a
+        whole poll). With an estimate no answer exceeds ``max(target, bound)``; the first saturated poll cuts
+        to the served share (the saturated rule)."""
+        grown = self._startup(target, obs, rate)
+        estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
+        if estimate is None:
+            return grown
+        if self.ramping and jumped is not None and target >= jumped - 1:
+            # We still stand at the jump (within the controller's rounding) and it ran a poll without
+            # saturating: a floor under the capacity. The rest is unknown (the sequence limit is not on the
+            # page), so probe above it instead of doubling past it. A target moved since (a cut, the
+            # fail-safe's floor, the ceiling) proves nothing, and the ramp goes on as if no jump had happened.
+            self.w_max, self.w_max_time, self.probes = target, obs.time, 0
+            self.startup_rate = self.startup_load = None
+            return min(target + self.increase_step, max(target, estimate.bound))
+        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
+            jump = target + self.jump_fraction * (estimate.bound - target)
+            if jump > grown:
+                grown = jump
+                self.jump_to = min(grown, max(target, estimate.bound))
+        return min(grown, max(target, estimate.bound))
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
         """The first ramp: double, unless the last doubling bought too little (the pipe is full).
@@ -233,7 +324,7 @@ class Adaptive:
     def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
         goal = self.goal(obs)
         if goal is None:
-            return self._startup(target, obs, rate)
+            return self._first_ramp(target, obs, rate)
         if target < self.slow_start_below * goal:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)

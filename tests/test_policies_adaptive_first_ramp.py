@@ -1,0 +1,196 @@
+"""The adaptive policy's first ramp (issue 15): the capacity estimate from the engine's KV figures, the jump toward
+it, the doubling without them, and the property that the first ramp never grows past the KV bound.
+
+Figures are chosen so the rules give whole numbers: 10,000 KV blocks, 4 sequences at 2 % usage are 50 blocks a
+sequence; the cache holds 200 such sequences, 184 at ``kv_high`` 0.92."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from model_concurrency import Observation
+from model_concurrency.observation import observe
+from model_concurrency.policies import Adaptive
+from model_concurrency.signals.vllm import parse_vllm_metrics
+from servers import EngineState, vllm_page
+
+
+def poll(
+    inflight: float,
+    *,
+    running: float | None = None,
+    kv: float | None,
+    blocks: int | None = 10_000,
+    waiting: float = 0.0,
+    time: float = 0.0,
+) -> Observation:
+    return Observation(
+        running=inflight if running is None else running,
+        waiting=waiting,
+        waiting_capacity=waiting,
+        inflight=int(inflight),
+        kv_cache_usage=kv,
+        kv_num_blocks=blocks,
+        time=time,
+    )
+
+
+def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
+    # Two engines of 4,096 blocks (8,192 summed), 2 sequences each at 2 % KV usage: 8,192 × 0.02 / 4 = 40.96
+    # blocks a sequence, so the cache holds 200 sequences and 184 at kv_high.
+    page = vllm_page({"m": [EngineState(running=2, kv=0.02), EngineState(running=2, kv=0.02)]}).decode()
+    snapshot = parse_vllm_metrics(page, "m")
+    assert snapshot.kv_num_blocks == 8192
+    obs = observe(snapshot, None, inflight=4, time=0.0)
+    p = Adaptive()
+    estimate = p.kv_estimate(obs)
+    assert estimate is not None
+    assert estimate.blocks_per_sequence == pytest.approx(40.96)
+    assert estimate.sequences == pytest.approx(184)
+    assert estimate.bound == pytest.approx(184)  # alone: all of the free room is ours
+    # The jump: halfway from 4 to the bound of 184.
+    assert p.next_target(4, obs) == pytest.approx(94)
+
+
+def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None:
+    p = Adaptive()
+    assert p.ramping
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
+    assert p.jump_to == pytest.approx(94)
+    # 94 sequences at 50 blocks each (47 % usage) ran a poll without a queue: 94 becomes W_max, the ramp is over,
+    # and the probes (+1, +2, +4) look for the sequence limit instead of a doubling to 184.
+    assert p.next_target(94, poll(94, kv=0.47, time=12.0)) == pytest.approx(95)
+    assert p.w_max == pytest.approx(94) and not p.ramping
+    assert p.next_target(95, poll(95, kv=0.475, time=24.0)) == pytest.approx(96)
+    assert p.next_target(96, poll(96, kv=0.48, time=36.0)) == pytest.approx(98)
+
+
+def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
+    p = Adaptive(jump_fraction=1.0)
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
+    # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours: 0.9 × 128.
+    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(115.2)
+    assert p.w_max == pytest.approx(128) and p.capacity(12.0) == 128
+    assert not p.ramping
+    # Below the goal: +1 a poll, no second jump.
+    assert p.next_target(115.2, poll(115.2, kv=0.576, time=24.0)) == pytest.approx(116.2)
+
+
+def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
+    p = Adaptive()
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
+    # The ceiling (or the fail-safe) held the target at 64: no W_max; the ramp goes on, capped by the bound.
+    assert p.next_target(64, poll(64, kv=0.32, time=12.0)) == pytest.approx(128)
+    assert p.ramping
+
+
+def test_on_a_shared_engine_it_doubles_and_never_past_its_share_of_the_free_room() -> None:
+    p = Adaptive()
+    # Three other clients at the floor too (own share 1/4 < jump_share 0.9): doubling, as they do.
+    est = p.kv_estimate(poll(4, running=16, kv=0.08))
+    assert est is not None and est.sequences == pytest.approx(184)
+    assert est.bound == pytest.approx(4 + (184 - 16) / 4)  # 46: a quarter of the 168 free
+    assert p.next_target(4, poll(4, running=16, kv=0.08)) == 8
+    # 40 of 160 running at 80 %: doubling to 80 would fill four times our share of the 24 left; capped at 46.
+    q = Adaptive()
+    assert q.next_target(40, poll(40, running=160, kv=0.8)) == pytest.approx(46)
+
+
+def test_without_cache_config_info_the_first_ramp_doubles() -> None:
+    p = Adaptive()
+    obs = poll(4, kv=0.02, blocks=None)
+    assert p.kv_estimate(obs) is None
+    assert p.next_target(4, obs) == 8
+    # No KV usage reported, or nothing running yet: no estimate either.
+    assert p.kv_estimate(poll(4, kv=None)) is None
+    assert p.kv_estimate(poll(4, running=0, kv=0.0)) is None
+    assert Adaptive().next_target(4, poll(4, running=0, kv=0.0)) == 8
+
+
+def test_a_sequence_holds_at_least_one_block() -> None:
+    # 10,000 blocks and a usage of 1e-308 (or gauges read at different instants): at most 10,000 sequences fit,
+    # 9,200 at kv_high; the bound stays finite.
+    est = Adaptive().kv_estimate(poll(4, kv=1e-308))
+    assert est is not None
+    assert est.blocks_per_sequence == 1
+    assert est.sequences == pytest.approx(9200)
+    assert est.bound == pytest.approx(9200)
+
+
+def test_the_jump_can_be_switched_off_or_made_whole() -> None:
+    assert Adaptive(kv_jump=False).next_target(4, poll(4, kv=0.02)) == 8
+    assert Adaptive(jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)
+
+
+def test_a_full_pipe_exit_is_not_undone_by_the_kv_cap() -> None:
+    p = Adaptive()
+    # Another 31 clients fill the engine (share < jump_share: doubling). Our doubling 32 -> 64 raised its running
+    # by only 11: the exit answers max(64 / 2, 64 − 32 + 11) + 1 = 44, a cut the KV room must not raise.
+    assert p.next_target(32, poll(32, running=1005, kv=0.3, blocks=100_000)) == 64
+    assert p.next_target(64, poll(64, running=1016, kv=0.31, blocks=100_000, time=12.0)) == 44
+    assert not p.ramping
+
+
+def test_a_long_idle_starts_the_first_ramp_again() -> None:
+    p = Adaptive(idle_s=120.0)
+    p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=0.0))
+    assert not p.ramping
+    p.next_target(115, Observation(inflight=0, time=12.0))
+    p.next_target(115, Observation(inflight=0, time=140.0))
+    assert p.ramping
+    assert p.next_target(4, poll(4, kv=0.02, time=152.0)) == pytest.approx(94)
+
+
+@pytest.mark.parametrize("bad", [{"jump_share": 1.5}, {"jump_fraction": 0.0}, {"jump_fraction": 1.5}])
+def test_rejects_bad_first_ramp_parameters(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Adaptive(**bad)  # type: ignore[arg-type]
+
+
+_poll = st.builds(
+    dict,
+    use=st.floats(0.5, 1.2),  # our in-flight over the target: application-limited to growing
+    others=st.floats(0, 3),  # the other clients' running, over our in-flight
+    waiting=st.floats(0, 0.5),  # waiting over running
+    kv=st.one_of(st.none(), st.floats(0, 1)),
+    calls=st.integers(0, 10_000),
+    preemptions=st.sampled_from([0.0, 0.0, 0.0, 3.0]),
+)
+
+
+@given(
+    blocks=st.integers(1, 1_000_000),
+    start=st.floats(1, 1000),
+    polls=st.lists(_poll, min_size=1, max_size=12),
+    jump_fraction=st.floats(0.01, 1.0),
+)
+def test_the_first_ramp_never_grows_past_the_kv_bound(
+    blocks: int, start: float, polls: list[dict[str, float]], jump_fraction: float
+) -> None:
+    """While ramping, whatever the engine reports, an answer above the current target stays within the KV bound
+    (our in-flight plus our share of the room the cache has left at ``kv_high``) whenever that bound is known."""
+    p = Adaptive(jump_fraction=jump_fraction)
+    target = start
+    for i, f in enumerate(polls):
+        inflight = round(target * f["use"])
+        running = inflight * (1 + f["others"])
+        obs = Observation(
+            running=running,
+            waiting=f["waiting"] * running,
+            inflight=inflight,
+            kv_cache_usage=f["kv"],
+            kv_num_blocks=blocks,
+            preemptions=f["preemptions"],
+            client_calls=int(f["calls"]),
+            time=12.0 * i,
+        )
+        ramping, estimate = p.ramping, p.kv_estimate(obs)
+        answer = p.next_target(target, obs)
+        assert math.isfinite(answer) and answer >= 0
+        if ramping and estimate is not None:
+            assert answer <= max(target, estimate.bound) * (1 + 1e-12)
+        target = max(1.0, answer)
