@@ -8,6 +8,15 @@ because the most loaded engine is the one that preempts.
 Anything implausible is a :class:`MetricsError` (a failed poll), never a silent zero: a page without the
 model's ``vllm:num_requests_running``, non-finite or negative gauges, absurd magnitudes, or the same series
 twice. The controller turns failed polls into its grace-then-floor rule.
+
+Two spellings of the same series are read. vLLM's own server exports ``vllm:num_requests_running``. vLLM run
+inside Ray (Ray Serve LLM, or engines built with vLLM's ``RayPrometheusStatLogger``) records through
+``ray.util.metrics`` instead, and each node's Ray metrics agent exports the series renamed: every character
+outside ``[a-zA-Z0-9_]`` becomes ``_`` and the ``ray_`` namespace is prefixed (``ray_vllm_num_requests_running``).
+The labels are vLLM's (``model_name``, ``engine``) plus ``ReplicaId`` (the Serve replica) and Ray's own
+(``WorkerId``, ``NodeAddress``, ``SessionName``, ``Component``, ``Version``, ``JobId``...). Summing over every
+label but the model is the same rule in both forms: engines of one server, replicas of one node. A page that
+holds the model in both forms would be counted twice, so it is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ __all__ = [
     "accumulate",
     "check_plausible",
     "parse_vllm_metrics",
+    "ray_form",
     "snapshot_from_totals",
+    "vllm_name",
 ]
 
 # No engine runs ten million requests; a gauge above this is a broken exporter, not a busy GPU.
@@ -42,6 +53,22 @@ QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 
 _WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT}
+
+RAY_PREFIX = "ray_"
+
+
+def ray_form(name: str) -> str:
+    """The name a Ray metrics agent exports for vLLM series ``name`` (``vllm:x`` -> ``ray_vllm_x``)."""
+    return RAY_PREFIX + "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else "_" for ch in name)
+
+
+# Ray-form name -> vLLM name, for every series the parser reads.
+_FROM_RAY = {ray_form(name): name for name in (*_WANTED, CACHE_CONFIG)}
+
+
+def vllm_name(name: str) -> str:
+    """The vLLM name of a series the parser reads, whichever form ``name`` is in (other names unchanged)."""
+    return _FROM_RAY.get(name, name)
 
 
 class MetricsError(ValueError):
@@ -73,7 +100,9 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     kv_usage: float | None = None
     kv_blocks: int | None = None
     waiting_capacity: float | None = None
-    for name, labels, value in _samples(text):
+    forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
+    for raw_name, labels, value in _samples(text):
+        name = vllm_name(raw_name)
         if name not in _WANTED and name != CACHE_CONFIG:
             continue
         model = labels.get("model_name")
@@ -81,6 +110,9 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         # one model, so an unlabelled cache_config_info belongs to it.
         if model != served_model_name and not (name == CACHE_CONFIG and model is None):
             continue
+        forms.add(raw_name != name)
+        if len(forms) > 1:
+            raise MetricsError(f"model_name={served_model_name!r} appears both as vllm: and as ray_vllm_ series")
         key = (name, frozenset(labels.items()))
         if key in seen:
             raise MetricsError(f"duplicate series {name}{labels}")
