@@ -86,16 +86,19 @@ def test_prometheus_answer_in_ray_form() -> None:
 def test_prometheus_scraping_two_ray_nodes() -> None:
     node_a = ray_vllm_page(LLAMA, {"r1": [EngineState(running=30, kv=0.5)]}, node="10.0.0.1")
     node_b = ray_vllm_page(LLAMA, {"r2": [EngineState(running=12, waiting_capacity=1, kv=0.8)]}, node="10.0.0.2")
-    with metrics_server(Behaviour(body=node_a)) as a, metrics_server(Behaviour(body=node_b)) as b:
-        with prometheus_server([s.url.removeprefix("http://") for s in (a, b)]) as prom:
-            source = PrometheusSource(prom, LLAMA)
+    with (
+        metrics_server(Behaviour(body=node_a)) as a,
+        metrics_server(Behaviour(body=node_b)) as b,
+        prometheus_server([s.url.removeprefix("http://") for s in (a, b)]) as prom,
+    ):
+        source = PrometheusSource(prom, LLAMA)
 
-            def both_scraped() -> bool:
-                try:
-                    return source.read().running == 42
-                except MetricsError:
-                    return False
+        def both_scraped() -> bool:
+            try:
+                return source.read().running == 42
+            except MetricsError:
+                return False
 
-            wait_for(both_scraped)
-            snap = source.read()
-            assert (snap.running, snap.waiting_capacity, snap.kv_cache_usage) == (42, 1, 0.8)
+        wait_for(both_scraped)
+        snap = source.read()
+        assert (snap.running, snap.waiting_capacity, snap.kv_cache_usage) == (42, 1, 0.8)
