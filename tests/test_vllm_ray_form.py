@@ -61,6 +61,21 @@ def test_selects_the_served_name_and_ignores_rays_own_series() -> None:
         parse_vllm_metrics(node_page(), "llama")  # the client's id, not the served name
 
 
+def test_counters_without_total_count_once() -> None:
+    with_total = node_page()
+    bare_only = with_total.replace("_total{", "{").replace("_total ", " ")
+    assert "ray_vllm_num_preemptions{" in bare_only and "ray_vllm_num_preemptions_total" not in bare_only
+    assert parse_vllm_metrics(bare_only, LLAMA).preemptions_total == 6
+    assert parse_vllm_metrics(bare_only, LLAMA).success_total == 9
+    both = with_total + "\n".join(
+        line
+        for line in bare_only.splitlines()
+        if line.startswith(("ray_vllm_num_preemptions{", "ray_vllm_request_success{"))
+    )
+    snap = parse_vllm_metrics(both + "\n", LLAMA)
+    assert (snap.preemptions_total, snap.success_total) == (6, 9)
+
+
 def test_a_model_in_both_forms_is_refused() -> None:
     mixed = vllm_page({LLAMA: [EngineState(running=3)]}).decode() + node_page()
     with pytest.raises(MetricsError, match="both"):
@@ -81,6 +96,11 @@ def test_prometheus_answer_in_ray_form() -> None:
         _snapshot(_vector(answer(("ray_vllm_num_requests_running", 4), ("vllm:num_requests_running", 4))), [])
     summed, maxed = PrometheusSource("http://127.0.0.1:9090", LLAMA).queries()
     assert "ray_vllm_num_requests_running" in summed and "ray_vllm_kv_cache_usage_perc" in maxed
+    assert "ray_vllm_num_preemptions|" in summed  # the bare counter spelling too
+    bare_and_total = answer(
+        ("ray_vllm_num_requests_running", 1), ("ray_vllm_num_preemptions", 4), ("ray_vllm_num_preemptions_total", 5)
+    )
+    assert _snapshot(_vector(bare_and_total), []).preemptions_total == 5
 
 
 def test_prometheus_scraping_two_ray_nodes() -> None:

@@ -30,6 +30,7 @@ from model_concurrency.signals.vllm import (
     PREEMPTIONS,
     QUEUE_COUNT,
     QUEUE_SUM,
+    RAY_BARE_COUNTERS,
     RUNNING,
     SUCCESS,
     WAITING,
@@ -37,7 +38,8 @@ from model_concurrency.signals.vllm import (
     MetricsError,
     accumulate,
     check_plausible,
-    ray_form,
+    prefer_total_counters,
+    ray_forms,
     snapshot_from_totals,
     vllm_name,
 )
@@ -53,7 +55,7 @@ def promql_string(value: str) -> str:
 
 
 def _selector(names: tuple[str, ...], served: str) -> str:
-    both_forms = (*names, *(ray_form(name) for name in names))
+    both_forms = (*names, *ray_forms(names))
     pattern = "|".join(name.replace(".", "\\\\.") for name in both_forms)
     return f'{{__name__=~"{pattern}",model_name={promql_string(served)}}}'
 
@@ -83,11 +85,15 @@ def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict
     ray_forms = {vllm_name(n) != n for n in (labels.get("__name__", "") for labels, _ in summed)}
     if len(ray_forms) > 1:
         raise MetricsError("prometheus holds the model both as vllm: and as ray_vllm_ series")
+    bare: dict[str, float] = {}
     for labels, value in summed:
-        name = vllm_name(labels.get("__name__", ""))
-        capacity = accumulate(totals, name, labels, check_plausible(name, value), capacity)
+        raw_name = labels.get("__name__", "")
+        name = vllm_name(raw_name)
+        into = bare if raw_name in RAY_BARE_COUNTERS else totals
+        capacity = accumulate(into, name, labels, check_plausible(name, value), capacity)
     if RUNNING not in totals:
         raise MetricsError(f"prometheus has no {RUNNING} series for the model")
+    prefer_total_counters(totals, bare)
     kv = [check_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
     return snapshot_from_totals(totals, capacity, max(kv) if kv else None, None)
 

@@ -34,7 +34,9 @@ __all__ = [
     "accumulate",
     "check_plausible",
     "parse_vllm_metrics",
+    "prefer_total_counters",
     "ray_form",
+    "ray_forms",
     "snapshot_from_totals",
     "vllm_name",
 ]
@@ -64,11 +66,26 @@ def ray_form(name: str) -> str:
 
 # Ray-form name -> vLLM name, for every series the parser reads.
 _FROM_RAY = {ray_form(name): name for name in (*_WANTED, CACHE_CONFIG)}
+# Some Ray exporters print counters without ``_total`` (some print both): the bare spelling counts only when the
+# ``_total`` one is absent, so a page carrying both is not counted twice.
+RAY_BARE_COUNTERS = {ray_form(name).removesuffix("_total"): name for name in (PREEMPTIONS, SUCCESS)}
 
 
 def vllm_name(name: str) -> str:
     """The vLLM name of a series the parser reads, whichever form ``name`` is in (other names unchanged)."""
-    return _FROM_RAY.get(name, name)
+    return _FROM_RAY.get(name) or RAY_BARE_COUNTERS.get(name) or name
+
+
+def ray_forms(names: Iterable[str]) -> tuple[str, ...]:
+    """Every Ray spelling of ``names``, bare counters included (for PromQL selectors)."""
+    forms = [ray_form(name) for name in names]
+    return (*forms, *(bare for bare, name in RAY_BARE_COUNTERS.items() if name in names))
+
+
+def prefer_total_counters(totals: dict[str, float], bare: dict[str, float]) -> None:
+    """Fill counters missing from ``totals`` from their bare Ray spelling (``bare`` is keyed by vLLM name)."""
+    for name, value in bare.items():
+        totals.setdefault(name, value)
 
 
 class MetricsError(ValueError):
@@ -96,6 +113,7 @@ def check_plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> fl
 def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     """Sum one model's series over engines; raise :class:`MetricsError` if the page cannot be trusted."""
     totals: dict[str, float] = {}
+    bare: dict[str, float] = {}  # Ray counters printed without _total
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     kv_usage: float | None = None
     kv_blocks: int | None = None
@@ -113,9 +131,9 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         forms.add(raw_name != name)
         if len(forms) > 1:
             raise MetricsError(f"model_name={served_model_name!r} appears both as vllm: and as ray_vllm_ series")
-        key = (name, frozenset(labels.items()))
+        key = (raw_name, frozenset(labels.items()))
         if key in seen:
-            raise MetricsError(f"duplicate series {name}{labels}")
+            raise MetricsError(f"duplicate series {raw_name}{labels}")
         seen.add(key)
         if name == CACHE_CONFIG:
             blocks = labels.get("num_gpu_blocks")
@@ -127,9 +145,11 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             kv_usage = value if kv_usage is None else max(kv_usage, value)
             continue
         check_plausible(name, value)
-        waiting_capacity = accumulate(totals, name, labels, value, waiting_capacity)
+        summed = bare if raw_name in RAY_BARE_COUNTERS else totals
+        waiting_capacity = accumulate(summed, name, labels, value, waiting_capacity)
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
+    prefer_total_counters(totals, bare)
     return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks)
 
 
