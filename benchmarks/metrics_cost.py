@@ -185,9 +185,8 @@ def main() -> None:
     parse_vllm_ms = cpu_ms(lambda: parse_vllm_metrics(vllm_page, MODEL), args.scrapes)
 
     print(f"emulator /metrics served (HTTP + page): {metrics_ms:.2f} ms CPU, {emu_bytes} bytes")
-    print(
-        f"emulator /v1/models served (HTTP only): {models_ms:.2f} ms CPU; /metrics vs /v1/models {metrics_ms / models_ms:.2f}x"
-    )
+    ratio = metrics_ms / models_ms
+    print(f"emulator /v1/models served (HTTP only): {models_ms:.2f} ms CPU; /metrics vs /v1/models {ratio:.2f}x")
     print(f"emulator idle: {idle_ms:.1f} ms CPU per second (subtracted)")
     lines = vllm_page.count("\n")
     print(f"vLLM-sized render (generate_latest): {render_ms:.2f} ms CPU, {len(vllm_page)} bytes, {lines} lines")
