@@ -9,6 +9,7 @@ the model from the same configuration; each test checks that from inside the wor
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def ray_cluster() -> Iterator[None]:
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
+        object_store_memory=128 * 1024 * 1024,  # small and fixed: CI containers often have a small /dev/shm
         _temp_dir=temp_dir,
         runtime_env={"env_vars": {"MODEL_CONCURRENCY_POLL_S": "0.2", "MODEL_CONCURRENCY_PROMETHEUS_URL": ""}},
     )
@@ -53,6 +55,7 @@ def ray_cluster() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
