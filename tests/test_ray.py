@@ -173,3 +173,6 @@ def test_imports_without_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "needs ray"
+    lazy = "import sys, model_concurrency.ray\nprint(sorted({'ray', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # with Ray installed, importing the module still loads neither
