@@ -73,7 +73,8 @@ class Embed:
     def __call__(self, text: str) -> dict[str, Any]:
         body = {"model": "BAAI/bge-m3", "input": text, "dimensions": DIM}
         response = httpx.post(f"{self.base_url}/embeddings", json=body, timeout=30)
-        response.raise_for_status()
+        if response.is_error:  # httpx's HTTPStatusError does not survive pickling into a Ray Data column
+            raise RuntimeError(f"HTTP {response.status_code}")
         view = get_utilization("bge")
         return {"embedding": response.json()["data"][0]["embedding"], "pid": os.getpid(), "floor": view["floor"]}
 
@@ -105,10 +106,10 @@ roles = ["embedding"]
 
 
 def test_ray_data_pipeline_through_map_batches(ray_cluster: None, emulator: RunningEmulator, tmp_path: Path) -> None:
-    fan_out = FanOut(
-        Embed(emulator.base_url), model="bge", config=str(write_config(emulator, tmp_path / "models.toml"))
-    )
+    config = str(write_config(emulator, tmp_path / "models.toml"))  # a path every worker can read
+    fan_out = FanOut(Embed(emulator.base_url), model="bge", config=config, return_exceptions=True)
     texts = items(120)
+    texts[57] = ""  # the emulator refuses an empty input: that item's exception takes its place
     ds = ray.data.from_items([{"item": t} for t in texts]).map_batches(
         MapBatches,
         fn_constructor_args=(fan_out,),
@@ -118,7 +119,9 @@ def test_ray_data_pipeline_through_map_batches(ray_cluster: None, emulator: Runn
     )
     rows = sorted(ds.take_all(), key=lambda row: texts.index(row["item"]))
     assert [row["item"] for row in rows] == texts
-    pids = check_results(texts, [row["result"] for row in rows])
+    failed = rows.pop(57)["result"]
+    assert isinstance(failed, RuntimeError) and str(failed) == "HTTP 400"
+    pids = check_results(texts[:57] + texts[58:], [row["result"] for row in rows])
     assert len(pids) == 2 and os.getpid() not in pids  # two actors, each one client
 
 
