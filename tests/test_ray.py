@@ -143,8 +143,8 @@ def test_actors_fan_out_and_read_a_ray_form_page(ray_cluster: None, emulator: Ru
         actors = [actor_class.remote(fan_out) for _ in range(2)]
         texts = items(80)
         chunks = [texts[:40], texts[40:]]
-        results = ray.get([actor.map.remote(chunk) for actor, chunk in zip(actors, chunks, strict=True)])
-        views = ray.get([actor.utilization.remote() for actor in actors])
+        results = ray.get([actor.map.remote(chunk) for actor, chunk in zip(actors, chunks, strict=True)], timeout=120)
+        views = ray.get([actor.utilization.remote() for actor in actors], timeout=60)
         for actor in actors:
             ray.kill(actor)
     pids = check_results(texts, results[0] + results[1])
@@ -163,7 +163,7 @@ def test_tasks_fan_out(ray_cluster: None, emulator: RunningEmulator, tmp_path: P
     task = fan_out_task(num_cpus=0.25)
     texts = items(60)
     chunks = [texts[i : i + 15] for i in range(0, len(texts), 15)]
-    results = ray.get([task.remote(fan_out, chunk) for chunk in chunks])
+    results = ray.get([task.remote(fan_out, chunk) for chunk in chunks], timeout=120)
     check_results(texts, [result for chunk in results for result in chunk])
 
 
