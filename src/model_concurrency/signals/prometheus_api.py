@@ -8,6 +8,10 @@ Prometheus server that scrapes every replica. Two instant queries per poll, thro
   waiting by reason, preemptions, successes, queue-time sum and count, summed over replicas and engines;
 * ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage.
 
+Both spellings are asked for: vLLM's own (``vllm:num_requests_running``) and the one a Ray metrics agent exports
+for engines inside Ray (``ray_vllm_num_requests_running``, see :mod:`model_concurrency.signals.vllm`); a model
+found in both is refused, since it would be counted twice.
+
 The answer goes through the same plausibility rules as a page (:func:`parse_vllm_metrics` semantics): no
 running series for the model, a malformed answer, or an implausible value is a failed poll.
 """
@@ -26,6 +30,7 @@ from model_concurrency.signals.vllm import (
     PREEMPTIONS,
     QUEUE_COUNT,
     QUEUE_SUM,
+    RAY_BARE_COUNTERS,
     RUNNING,
     SUCCESS,
     WAITING,
@@ -33,7 +38,10 @@ from model_concurrency.signals.vllm import (
     MetricsError,
     accumulate,
     check_plausible,
+    prefer_total_counters,
+    ray_forms,
     snapshot_from_totals,
+    vllm_name,
 )
 
 __all__ = ["PrometheusSource", "promql_string"]
@@ -47,7 +55,8 @@ def promql_string(value: str) -> str:
 
 
 def _selector(names: tuple[str, ...], served: str) -> str:
-    pattern = "|".join(name.replace(".", "\\\\.") for name in names)
+    both_forms = (*names, *ray_forms(names))
+    pattern = "|".join(name.replace(".", "\\\\.") for name in both_forms)
     return f'{{__name__=~"{pattern}",model_name={promql_string(served)}}}'
 
 
@@ -73,11 +82,18 @@ def _vector(text: str) -> list[tuple[dict[str, str], float]]:
 def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict[str, str], float]]) -> EngineSnapshot:
     totals: dict[str, float] = {}
     capacity: float | None = None
+    ray_forms = {vllm_name(n) != n for n in (labels.get("__name__", "") for labels, _ in summed)}
+    if len(ray_forms) > 1:
+        raise MetricsError("prometheus holds the model both as vllm: and as ray_vllm_ series")
+    bare: dict[str, float] = {}
     for labels, value in summed:
-        name = labels.get("__name__", "")
-        capacity = accumulate(totals, name, labels, check_plausible(name, value), capacity)
+        raw_name = labels.get("__name__", "")
+        name = vllm_name(raw_name)
+        into = bare if raw_name in RAY_BARE_COUNTERS else totals
+        capacity = accumulate(into, name, labels, check_plausible(name, value), capacity)
     if RUNNING not in totals:
         raise MetricsError(f"prometheus has no {RUNNING} series for the model")
+    prefer_total_counters(totals, bare)
     kv = [check_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
     return snapshot_from_totals(totals, capacity, max(kv) if kv else None, None)
 

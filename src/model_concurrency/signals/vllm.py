@@ -8,6 +8,15 @@ because the most loaded engine is the one that preempts.
 Anything implausible is a :class:`MetricsError` (a failed poll), never a silent zero: a page without the
 model's ``vllm:num_requests_running``, non-finite or negative gauges, absurd magnitudes, or the same series
 twice. The controller turns failed polls into its grace-then-floor rule.
+
+Two spellings of the same series are read. vLLM's own server exports ``vllm:num_requests_running``. vLLM run
+inside Ray (Ray Serve LLM, or engines built with vLLM's ``RayPrometheusStatLogger``) records through
+``ray.util.metrics`` instead, and each node's Ray metrics agent exports the series renamed: every character
+outside ``[a-zA-Z0-9_]`` becomes ``_`` and the ``ray_`` namespace is prefixed (``ray_vllm_num_requests_running``).
+The labels are vLLM's (``model_name``, ``engine``) plus ``ReplicaId`` (the Serve replica) and Ray's own
+(``WorkerId``, ``NodeAddress``, ``SessionName``, ``Component``, ``Version``, ``JobId``...). Summing over every
+label but the model is the same rule in both forms: engines of one server, replicas of one node. A page that
+holds the model in both forms would be counted twice, so it is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +34,11 @@ __all__ = [
     "accumulate",
     "check_plausible",
     "parse_vllm_metrics",
+    "prefer_total_counters",
+    "ray_form",
+    "ray_forms",
     "snapshot_from_totals",
+    "vllm_name",
 ]
 
 # No engine runs ten million requests; a gauge above this is a broken exporter, not a busy GPU.
@@ -42,6 +55,37 @@ QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 
 _WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT}
+
+RAY_PREFIX = "ray_"
+
+
+def ray_form(name: str) -> str:
+    """The name a Ray metrics agent exports for vLLM series ``name`` (``vllm:x`` -> ``ray_vllm_x``)."""
+    return RAY_PREFIX + "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else "_" for ch in name)
+
+
+# Ray-form name -> vLLM name, for every series the parser reads.
+_FROM_RAY = {ray_form(name): name for name in (*_WANTED, CACHE_CONFIG)}
+# Some Ray exporters print counters without ``_total`` (some print both): the bare spelling counts only when the
+# ``_total`` one is absent, so a page carrying both is not counted twice.
+RAY_BARE_COUNTERS = {ray_form(name).removesuffix("_total"): name for name in (PREEMPTIONS, SUCCESS)}
+
+
+def vllm_name(name: str) -> str:
+    """The vLLM name of a series the parser reads, whichever form ``name`` is in (other names unchanged)."""
+    return _FROM_RAY.get(name) or RAY_BARE_COUNTERS.get(name) or name
+
+
+def ray_forms(names: Iterable[str]) -> tuple[str, ...]:
+    """Every Ray spelling of ``names``, bare counters included (for PromQL selectors)."""
+    forms = [ray_form(name) for name in names]
+    return (*forms, *(bare for bare, name in RAY_BARE_COUNTERS.items() if name in names))
+
+
+def prefer_total_counters(totals: dict[str, float], bare: dict[str, float]) -> None:
+    """Fill counters missing from ``totals`` from their bare Ray spelling (``bare`` is keyed by vLLM name)."""
+    for name, value in bare.items():
+        totals.setdefault(name, value)
 
 
 class MetricsError(ValueError):
@@ -69,11 +113,14 @@ def check_plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> fl
 def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     """Sum one model's series over engines; raise :class:`MetricsError` if the page cannot be trusted."""
     totals: dict[str, float] = {}
+    bare: dict[str, float] = {}  # Ray counters printed without _total
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     kv_usage: float | None = None
     kv_blocks: int | None = None
     waiting_capacity: float | None = None
-    for name, labels, value in _samples(text):
+    forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
+    for raw_name, labels, value in _samples(text):
+        name = vllm_name(raw_name)
         if name not in _WANTED and name != CACHE_CONFIG:
             continue
         model = labels.get("model_name")
@@ -81,9 +128,12 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         # one model, so an unlabelled cache_config_info belongs to it.
         if model != served_model_name and not (name == CACHE_CONFIG and model is None):
             continue
-        key = (name, frozenset(labels.items()))
+        forms.add(raw_name != name)
+        if len(forms) > 1:
+            raise MetricsError(f"model_name={served_model_name!r} appears both as vllm: and as ray_vllm_ series")
+        key = (raw_name, frozenset(labels.items()))
         if key in seen:
-            raise MetricsError(f"duplicate series {name}{labels}")
+            raise MetricsError(f"duplicate series {raw_name}{labels}")
         seen.add(key)
         if name == CACHE_CONFIG:
             blocks = labels.get("num_gpu_blocks")
@@ -95,9 +145,11 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             kv_usage = value if kv_usage is None else max(kv_usage, value)
             continue
         check_plausible(name, value)
-        waiting_capacity = accumulate(totals, name, labels, value, waiting_capacity)
+        summed = bare if raw_name in RAY_BARE_COUNTERS else totals
+        waiting_capacity = accumulate(summed, name, labels, value, waiting_capacity)
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
+    prefer_total_counters(totals, bare)
     return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks)
 
 
