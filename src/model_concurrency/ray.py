@@ -157,9 +157,12 @@ class FanOut:
 
     def __call__(self, items: Iterable[Any]) -> list[Any]:
         self.configure()
-        return map_concurrent_sync(
-            items, self.fn, model=self.model, return_exceptions=self.return_exceptions, timeout=self.timeout
-        )
+        # Two literal branches, so the gate's overloads (result types by return_exceptions) apply.
+        if self.return_exceptions:
+            return list(
+                map_concurrent_sync(items, self.fn, model=self.model, return_exceptions=True, timeout=self.timeout)
+            )
+        return list(map_concurrent_sync(items, self.fn, model=self.model, timeout=self.timeout))
 
 
 def run_fan_out(fan_out: FanOut, items: Sequence[Any]) -> list[Any]:
