@@ -84,6 +84,10 @@ def register(subparsers: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------------- emulate
 def emulate(args: argparse.Namespace) -> int:
+    # The HTTP processes import uvicorn only after they are spawned; import it here so a missing extra is one
+    # error line in this process instead of children that die while the parent waits for them.
+    import uvicorn  # noqa: F401
+
     from model_concurrency.emulator import EmulatorConfig, serve
 
     config = EmulatorConfig(
