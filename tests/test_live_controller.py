@@ -71,7 +71,7 @@ def test_ramp_saturation_outage(clock: FakeClock, policy: str) -> None:
         assert len(server.requests) == requests
         # Saturation: capacity-waiting appears; the target is cut, never raised.
         before = controller.peek()
-        server.serve(two_model_page(running=500, capacity_waiting=40))
+        server.serve(two_model_page(running=before, capacity_waiting=40))  # the engine runs what we send
         clock.advance(12)
         inflight[0] = before
         after = controller.target()
