@@ -218,6 +218,17 @@ class ModelRuntime:
         linger = max(10 * self.core.poll_interval_s, HOOK_LINGER_S)
         return self.clock() - self._asked_at <= linger
 
+    def scheduled_poll_at(self) -> float | None:
+        """When the background poller polls next: now while a poll (or the resize after it) is under way, None
+        while nothing is polled on schedule. A virtual-time harness stops its clock there until the poll is done,
+        as a wall clock would wait for it (lab/conformance.py)."""
+        with self._lock:
+            if self._poller is None or self._closed.is_set():
+                return None
+            if self._polling or self.limiter.limit != self.current():
+                return self.clock()
+            return self.core.next_poll_at
+
     def leave(self) -> None:
         with self._lock:
             self._users = max(0, self._users - 1)

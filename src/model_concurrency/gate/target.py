@@ -11,7 +11,6 @@ fan-out is registered as a user, and the fan-out only re-reads it (every :data:`
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from model_concurrency.config import get_model
@@ -64,7 +63,7 @@ class Target:
     def due(self) -> bool:
         """Count one start; True when the target should be re-read."""
         self.countdown -= 1
-        return self.countdown <= 0 or time.monotonic() >= self.next_at
+        return self.countdown <= 0 or self.runtime.clock() >= self.next_at
 
     def start(self) -> int:
         """The fan-out begins: register as a user (scheduled polls from now on) and take a first reading."""
@@ -98,7 +97,7 @@ class Target:
         self.limiter.resize(target)
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
-        self.next_at = time.monotonic() + REFRESH_S
+        self.next_at = self.runtime.clock() + REFRESH_S
         return self.limit
 
     def record(self, latency_s: float, exc: BaseException | None) -> None:
