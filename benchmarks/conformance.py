@@ -20,7 +20,7 @@ import logging
 import math
 import time
 
-from model_concurrency.lab.conformance import Comparison, Side, compare
+from model_concurrency.lab.conformance import Comparison, Side, compare, summary_line
 from model_concurrency.lab.scenario import load_scenario
 
 KNEE_LOW, KNEE_HIGH, SATURATED_MAX = 0.85, 1.3, 0.20
@@ -63,9 +63,7 @@ def main() -> None:
         result = compare(scenario, args.policy)
         _report(result, time.perf_counter() - started)
         results.append(result)
-    g = max(r.goodput_gap for r in results)
-    p = max(r.t90_gap_polls for r in results)
-    print(f"conformance: max goodput-ratio gap {g:.3f}, max t90 gap {p:.2f} polls")
+    print(summary_line(results))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from model_concurrency.policies.registry import load_policy
 from model_concurrency.runtime import ModelRuntime, forget_runtime, install_runtime
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
-__all__ = ["Comparison", "Side", "compare", "run_lab", "run_live", "side_figures"]
+__all__ = ["Comparison", "Side", "compare", "run_lab", "run_live", "side_figures", "summary_line"]
 
 _BASE = "http://emulator"
 
@@ -302,3 +302,12 @@ def compare(scenario: Scenario, policy: str = "adaptive") -> Comparison:
     lab = side_figures(run_lab(scenario, policy), oracle_trace)
     live = side_figures(run_live(scenario, policy), oracle_trace)
     return Comparison(scenario.name, scenario.clients.poll_s, oracle.knees()[-1][1], lab, live)
+
+
+def summary_line(results: list[Comparison]) -> str:
+    """The benchmark's last line: the worst gaps over all scenarios."""
+    if not results:
+        raise ValueError("no comparisons to summarise")
+    g = max(r.goodput_gap for r in results)
+    p = max(r.t90_gap_polls for r in results)
+    return f"conformance: max goodput-ratio gap {g:.3f}, max t90 gap {p:.2f} polls"
