@@ -11,6 +11,7 @@ live target settles within 0.85-1.3x of the knee with at most 20 % of the time s
     .venv/bin/python benchmarks/conformance.py --quick      # scale 0.1, well under 5 minutes
     .venv/bin/python benchmarks/conformance.py              # scale 0.25
     .venv/bin/python benchmarks/conformance.py --scale 1 --scenarios ramp
+    .venv/bin/python benchmarks/conformance.py --quick --knee    # + the knee swept through the live stack
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import math
 import time
 
-from model_concurrency.lab.conformance import Comparison, Side, compare, summary_line
+from model_concurrency.lab.conformance import Comparison, Side, compare, live_sweep, summary_line
 from model_concurrency.lab.scenario import load_scenario
 
 KNEE_LOW, KNEE_HIGH, SATURATED_MAX = 0.85, 1.3, 0.20
@@ -53,6 +54,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=None, help="duration scale (default 0.25; --quick 0.1)")
     parser.add_argument("--scenarios", default="ramp,gpu-added")
     parser.add_argument("--policy", default="adaptive")
+    parser.add_argument(
+        "--knee",
+        action="store_true",
+        help="also sweep concurrency through the live stack (minutes): the knee as the emulator shows it",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     scale = args.scale if args.scale is not None else (0.1 if args.quick else 0.25)
@@ -63,6 +69,15 @@ def main() -> None:
         result = compare(scenario, args.policy)
         _report(result, time.perf_counter() - started)
         results.append(result)
+        if args.knee:
+            started = time.perf_counter()
+            lab, live = live_sweep(scenario)
+            points = ", ".join(f"{c}: {t:.1f}" for c, t in zip(live.concurrency, live.throughput, strict=True))
+            print(f"  sweep live (items/s) {points}  [{time.perf_counter() - started:.0f} s]")
+            print(
+                f"  sweep knee lab {lab.knee} (peak {lab.peak:.1f}/s), live {live.knee} (peak {live.peak:.1f}/s); "
+                f"live target settles at {result.live.settled_target / live.knee:.2f}x the live knee"
+            )
     print(summary_line(results))
 
 

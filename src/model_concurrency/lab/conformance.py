@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Coroutine, Iterator
@@ -35,19 +36,19 @@ from model_concurrency.emulator.links import LocalLink
 from model_concurrency.engine.request import Request
 from model_concurrency.gate.aio import map_concurrent
 from model_concurrency.lab.client import request_stream
-from model_concurrency.lab.oracle import Oracle
+from model_concurrency.lab.oracle import MEASURE_S, WARMUP_S, Oracle, Sweep
 from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
 from model_concurrency.lab.trace import ClientTrace, Trace
 from model_concurrency.lab.virtual_loop import VirtualTimeLoop
-from model_concurrency.lab.world import preset_for
+from model_concurrency.lab.world import phases, preset_for
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.runtime import ModelRuntime, forget_runtime, install_runtime
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
-__all__ = ["Comparison", "Side", "compare", "run_lab", "run_live", "side_figures", "summary_line"]
+__all__ = ["Comparison", "Side", "compare", "live_sweep", "run_lab", "run_live", "side_figures", "summary_line"]
 
 _BASE = "http://emulator"
 
@@ -172,13 +173,14 @@ def _knobs(scenario: Scenario) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def run_live(scenario: Scenario, policy: str = "adaptive") -> Trace:
-    """The production stack on virtual time; returns a trace on the lab's grid."""
+def run_live(scenario: Scenario, policy: str = "adaptive", *, capacity: int | None = None) -> Trace:
+    """The production stack on virtual time; returns a trace on the lab's grid. ``capacity`` pins the fan-out's
+    limit (``map_concurrent(capacity=...)``), as a sweep needs; the controller still polls."""
     _check_supported(scenario)
     loop = VirtualTimeLoop()
     try:
         with _knobs(scenario):
-            return loop.run_until_complete(_live(scenario, policy, loop))
+            return loop.run_until_complete(_live(scenario, policy, loop, capacity))
     finally:
         # Handlers of calls cancelled at the end still wait on their jobs: let them unwind before closing.
         pending = asyncio.all_tasks(loop)
@@ -189,7 +191,7 @@ def run_live(scenario: Scenario, policy: str = "adaptive") -> Trace:
         loop.close()
 
 
-async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop) -> Trace:
+async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity: int | None) -> Trace:
     c, w = scenario.clients, scenario.workload
     config = EmulatorConfig(preset=preset_for(scenario), engines=scenario.fleet.engines)
     link = LocalLink(config, clock=loop.time)
@@ -235,7 +237,8 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop) -> Trace
                 w.embedding,
                 tag=0,
             )
-            fanout = asyncio.ensure_future(map_concurrent(items, call, model=name, return_exceptions=True))
+            run = map_concurrent(items, call, model=name, capacity=capacity, return_exceptions=True)
+            fanout = asyncio.ensure_future(run)
             samples: dict[str, list[float]] = {k: [] for k in ("time", "running", "waiting", "kv", "pre", "t", "i")}
             done: list[float] = []
             failed: list[float] = []
@@ -311,3 +314,28 @@ def summary_line(results: list[Comparison]) -> str:
     g = max(r.goodput_gap for r in results)
     p = max(r.t90_gap_polls for r in results)
     return f"conformance: max goodput-ratio gap {g:.3f}, max t90 gap {p:.2f} polls"
+
+
+def live_sweep(scenario: Scenario, concurrency: tuple[int, ...] | None = None) -> tuple[Sweep, Sweep]:
+    """The knee of the scenario's last phase found twice: the lab's sweep, and the same sweep through the
+    production stack and the emulator (``map_concurrent`` with the limit pinned at each concurrency, throughput
+    measured after the lab's warm-up over the lab's window). The live sweep uses the lab's concurrency points
+    from half the lab's knee up (the peak and the knee are there) unless given others."""
+    oracle = Oracle(scenario)
+    last = phases(scenario)[-1][1]
+    lab = oracle.sweep(last)
+    steady = dataclasses.replace(
+        scenario,
+        duration_s=WARMUP_S + MEASURE_S,
+        trace_dt_s=WARMUP_S / 4,
+        events=(),
+        fleet=dataclasses.replace(scenario.fleet, engines=last.engines[0]),
+    )
+    start = round(WARMUP_S / steady.trace_dt_s)
+    throughput = []
+    points = concurrency or tuple(c for c in lab.concurrency if c >= lab.knee // 2)
+    for c in points:
+        trace = run_live(steady, capacity=c)
+        done = trace.clients[0].completions
+        throughput.append(float((done[-1] - done[start]) / (trace.time[-1] - trace.time[start])))
+    return lab, Sweep(points, tuple(throughput))
