@@ -60,9 +60,17 @@ def test_live_side_goes_through_http_and_the_limiter(oracle_cache: None) -> None
     assert list(client.poll_times[:3]) == [0.0, 3.0, 6.0]  # on schedule, in virtual seconds
 
 
-def test_live_side_rejects_what_it_cannot_run() -> None:
-    with pytest.raises(ValueError, match="one client"):
-        run_live(scenario_from_dict({**TINY, "clients": {**TINY["clients"], "count": 2}}))  # type: ignore[dict-item]
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"clients": {"count": 2}}, "2 clients"),
+        ({"background": {"fraction_of_capacity": 0.5}}, "background traffic"),
+        ({"events": [{"at_s": 30, "action": "remove_engines", "count": 1}]}, "events other than add_engines"),
+    ],
+)
+def test_live_side_rejects_what_it_cannot_run(change: dict[str, object], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        run_live(scenario_from_dict({**TINY, **change}))
 
 
 def test_virtual_clock_jumps_and_stops_at_a_barrier() -> None:

@@ -111,7 +111,8 @@ def _check_supported(scenario: Scenario) -> None:
         problems.append(f"{c.count} clients")
     if scenario.fleet.replicas != 1:
         problems.append(f"{scenario.fleet.replicas} replicas")
-    if scenario.background.rate_rps or any(e.action != "add_engines" for e in scenario.events):
+    background = scenario.background.rate_rps or scenario.background.fraction_of_capacity
+    if background or any(e.action != "add_engines" for e in scenario.events):
         problems.append("background traffic or events other than add_engines")
     if scenario.workload.embedding:
         problems.append("an embedding workload")
