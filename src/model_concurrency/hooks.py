@@ -18,7 +18,14 @@ from typing import Any
 
 from model_concurrency import config, telemetry
 from model_concurrency.config import get_model, registered_models, setting
-from model_concurrency.runtime import ModelRuntime, adaptive_enabled, on_reset, runtime_for
+from model_concurrency.runtime import (
+    ModelRuntime,
+    adaptive_enabled,
+    atarget_or_floor,
+    on_reset,
+    runtime_for,
+    target_or_floor,
+)
 
 __all__ = [
     "adaptive_capacity",
@@ -69,21 +76,19 @@ def controller_for(model: str | None, floor: int | None = None) -> ModelRuntime 
 
 
 def _floor_on_error(model: str | None, floor: int, read: Callable[[ModelRuntime], int]) -> int:
-    try:
+    def adaptive() -> int:
         runtime = controller_for(model, floor)
         return read(runtime) if runtime is not None else floor
-    except Exception:  # the fail-safe is the whole point: never break a fan-out over capacity
-        log.exception("model %s: adaptive capacity failed; using the floor %d", model, floor)
-        return floor
+
+    return target_or_floor(model, floor, adaptive)
 
 
 async def _afloor_on_error(model: str | None, floor: int, read: Callable[[ModelRuntime], Awaitable[int]]) -> int:
-    try:
+    async def adaptive() -> int:
         runtime = controller_for(model, floor)
         return await read(runtime) if runtime is not None else floor
-    except Exception:
-        log.exception("model %s: adaptive capacity failed; using the floor %d", model, floor)
-        return floor
+
+    return await atarget_or_floor(model, floor, adaptive)
 
 
 def _asked(runtime: ModelRuntime) -> int:

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from model_concurrency import config, telemetry
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the gate imports this module; its own modules are imported 
 __all__ = [
     "DEFAULT_POLICY",
     "ModelRuntime",
+    "atarget_or_floor",
     "forget_runtime",
     "install_runtime",
     "is_current",
@@ -52,6 +53,7 @@ __all__ = [
     "registered_runtimes",
     "reset_runtimes",
     "runtime_for",
+    "target_or_floor",
 ]
 
 log = logging.getLogger("model_concurrency")
@@ -100,6 +102,28 @@ def engine_usage(snapshot: EngineSnapshot) -> Usage:
 
     running = max(0, round(snapshot.running))
     return Usage(running, running, float(running))
+
+
+def target_or_floor(model: str | None, floor: int, read: Callable[[], int]) -> int:
+    """``read()``, or ``floor`` if it raises: the fail-safe every entry point shares (a broken poll or source
+    never breaks a fan-out or a caller sizing a pool; it costs only the adaptive part)."""
+    try:
+        return read()
+    except Exception:
+        return _fell_back(model, floor)
+
+
+async def atarget_or_floor(model: str | None, floor: int, read: Callable[[], Awaitable[int]]) -> int:
+    """:func:`target_or_floor` for a read that is awaited (cancellation passes through)."""
+    try:
+        return await read()
+    except Exception:
+        return _fell_back(model, floor)
+
+
+def _fell_back(model: str | None, floor: int) -> int:
+    log.exception("model %s: adaptive capacity failed; using the floor %d", model, floor)
+    return floor
 
 
 def _in_event_loop() -> bool:
@@ -217,6 +241,17 @@ class ModelRuntime:
             return False
         linger = max(10 * self.core.poll_interval_s, HOOK_LINGER_S)
         return self.clock() - self._asked_at <= linger
+
+    def scheduled_poll_at(self) -> float | None:
+        """When the background poller polls next: now while a poll (or the resize after it) is under way, None
+        while nothing is polled on schedule. A virtual-time harness stops its clock there until the poll is done,
+        as a wall clock would wait for it (lab/conformance.py)."""
+        with self._lock:
+            if self._poller is None or self._closed.is_set():
+                return None
+            if self._polling or self.limiter.limit != self.current():
+                return self.clock()
+            return self.core.next_poll_at
 
     def leave(self) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ Everything here runs on one thread (the loop that owns the :class:`SimDriver`); 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,7 @@ class _Job:
 class EngineCore:
     """The simulated server, driven on the wall clock × ``time_scale``, and the jobs in it."""
 
-    def __init__(self, config: EmulatorConfig) -> None:
+    def __init__(self, config: EmulatorConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         config.validate()
         self.config = config
         self.preset = config.engine_preset()
@@ -117,7 +118,7 @@ class EngineCore:
         self.server = Server(self.env, self.preset, num_engines=config.engines, model_name=config.served_model_name)
         self.model_name = self.server.model_name
         self.limiter = RateLimiter(config.requests_per_minute, config.tokens_per_minute)
-        self.driver = SimDriver(self.env, config.time_scale, on_advance=self._advanced)
+        self.driver = SimDriver(self.env, config.time_scale, on_advance=self._advanced, clock=clock)
         self._streams: set[_Job] = set()
 
     # ------------------------------------------------------------------ jobs

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -65,8 +66,8 @@ class EngineLink(Protocol):
 class LocalLink:
     """The core lives in this event loop, driven by its :class:`~.clock.SimDriver` timer."""
 
-    def __init__(self, config: EmulatorConfig) -> None:
-        self.core = EngineCore(config)
+    def __init__(self, config: EmulatorConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = EngineCore(config, clock=clock)
         self.model_name = self.core.model_name
         self.time_scale = self.core.driver.time_scale
         self._ids = itertools.count()

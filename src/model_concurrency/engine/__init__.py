@@ -15,7 +15,7 @@ API overview (everything runs on a ``simpy.Environment``'s simulated clock; noth
     server.inflight, .completed, .aborted, .num_running, .num_waiting, .engines[i].stats  # live accessors
 
     fleet = Fleet.of(env, LLAMA_8B_H100, replicas=3, balancer="least_loaded")   # or "round_robin"
-    fleet.submit(request); fleet.snapshot(); fleet.render_metrics(0); fleet.remove_replica(fleet.replicas[1])
+    fleet.submit(request); fleet.snapshot(); fleet.render_metrics(0); fleet.replicas[1].set_down()
 
     engine = server.engines[0]   # Engine: the same submit / snapshot / set_capacity / set_down at engine level
     engine.stats                 # EngineStats: counters and Histograms (ttft, itl, e2e, queue_time, ...)

@@ -59,12 +59,6 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def observe_n(self, value: float, n: int) -> None:
-        """``n`` observations of the same value in O(log buckets): a decode step gives every sequence one ITL."""
-        self.counts[bisect_left(self.bounds, value)] += n
-        self.sum += value * n
-        self.count += n
-
     def observe_many(self, values: Sequence[float]) -> None:
         """Bucket a batch at once (numpy): how the engine folds per-request observations it deferred."""
         if not values:

@@ -320,15 +320,6 @@ class Fleet:
         ]
         return cls(env, servers, balancer=balancer)
 
-    def add_replica(self, server: Server) -> Server:
-        self.replicas.append(server)
-        return server
-
-    def remove_replica(self, server: Server) -> None:
-        """Take a replica out of rotation and lose it (its requests abort)."""
-        server.set_down()
-        self.replicas.remove(server)
-
     @property
     def live(self) -> Sequence[Server]:
         return [s for s in self.replicas if s.up]

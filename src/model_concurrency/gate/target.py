@@ -10,19 +10,15 @@ fan-out is registered as a user, and the fan-out only re-reads it (every :data:`
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
 from model_concurrency.hooks import warn_unknown
-from model_concurrency.runtime import ModelRuntime, runtime_for
+from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
 
 __all__ = ["REFRESH_EVERY", "REFRESH_S", "Target", "check_args"]
-
-log = logging.getLogger("model_concurrency")
 
 REFRESH_EVERY = 16
 REFRESH_S = 0.1
@@ -64,7 +60,7 @@ class Target:
     def due(self) -> bool:
         """Count one start; True when the target should be re-read."""
         self.countdown -= 1
-        return self.countdown <= 0 or time.monotonic() >= self.next_at
+        return self.countdown <= 0 or self.runtime.clock() >= self.next_at
 
     def start(self) -> int:
         """The fan-out begins: register as a user (scheduled polls from now on) and take a first reading."""
@@ -74,11 +70,7 @@ class Target:
     async def astart(self) -> int:
         """:meth:`start` on an event loop: a due first poll is awaited, never run on the loop's thread."""
         self.runtime.enter()
-        try:
-            target = await self.runtime.atarget()
-        except Exception:
-            log.exception("model %s: target failed; using the floor", self.model)
-            target = self.runtime.floor
+        target = await atarget_or_floor(self.model, self.runtime.floor, self.runtime.atarget)
         return self._apply(lambda: target)
 
     def stop(self) -> None:
@@ -89,16 +81,11 @@ class Target:
         return self._apply(self.runtime.current)
 
     def _apply(self, read: Callable[[], int]) -> int:
-        try:
-            target = read()
-        except Exception:  # the fail-safe: a broken poll never breaks a fan-out
-            log.exception("model %s: target failed; using the floor", self.model)
-            target = self.runtime.floor
-        target = max(1, int(target))
+        target = max(1, int(target_or_floor(self.model, self.runtime.floor, read)))
         self.limiter.resize(target)
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
-        self.next_at = time.monotonic() + REFRESH_S
+        self.next_at = self.runtime.clock() + REFRESH_S
         return self.limit
 
     def record(self, latency_s: float, exc: BaseException | None) -> None:

@@ -1,0 +1,102 @@
+"""The conformance machinery at a tiny scale: both sides run the scenario and give finite figures.
+
+No figure is compared with a goal here (that is the benchmark's job, benchmarks/conformance.py); these tests
+check that the live side really ran the production stack on virtual time and that the report is well formed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from model_concurrency.lab.conformance import compare, run_live, summary_line
+from model_concurrency.lab.scenario import scenario_from_dict
+from model_concurrency.lab.virtual_loop import VirtualTimeLoop
+
+TINY = {
+    "name": "tiny-gpu-added",
+    "seed": 5,
+    "duration_s": 60,
+    "fleet": {"preset": "llama-8b-h100", "engines": 1, "engine": {"max_num_seqs": 16}},
+    "workload": {"prompt_tokens": 128, "output_tokens": 32, "prompt_sigma": 0.5, "output_sigma": 0.5},
+    "clients": {"count": 1, "floor": 4, "ceiling": 64, "poll_s": 3},
+    "events": [{"at_s": 30, "action": "add_engines", "count": 1}],
+}
+
+
+@pytest.fixture
+def oracle_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_CACHE", str(tmp_path))
+
+
+def test_both_sides_run_and_report_finite_figures(oracle_cache: None) -> None:
+    scenario = scenario_from_dict(TINY)
+    result = compare(scenario)
+    assert result.scenario == "tiny-gpu-added" and result.poll_s == 3 and result.knee >= 1
+    for side in (result.lab, result.live):
+        assert 0 < side.goodput_ratio < 2 and math.isfinite(side.goodput_ratio)
+        assert 0 <= side.saturated_fraction <= 1
+        assert side.settled_target >= 4  # left the floor, or stayed on it: never below
+        # one poll per interval, on both sides: the live poll thread ran on the virtual clock
+        assert side.polls == pytest.approx(scenario.duration_s / scenario.clients.poll_s, abs=1)
+    assert math.isfinite(result.goodput_gap) and result.goodput_gap >= 0
+    line = summary_line([result])
+    assert re.fullmatch(r"conformance: max goodput-ratio gap \d+\.\d{3}, max t90 gap (\d+\.\d{2}|inf) polls", line)
+
+
+def test_live_side_goes_through_http_and_the_limiter(oracle_cache: None) -> None:
+    trace = run_live(scenario_from_dict(TINY))
+    client = trace.clients[0]
+    assert trace.total_completions > 0
+    assert len(trace.finish_times) == trace.total_completions  # every completion was an HTTP 200
+    assert client.errors[-1] == 0
+    assert max(client.target) > 4  # the production controller raised the limit from the floor
+    assert max(client.inflight) <= max(client.target)
+    assert list(client.poll_times[:3]) == [0.0, 3.0, 6.0]  # on schedule, in virtual seconds
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"clients": {"count": 2}}, "2 clients"),
+        ({"background": {"fraction_of_capacity": 0.5}}, "background traffic"),
+        ({"events": [{"at_s": 30, "action": "remove_engines", "count": 1}]}, "events other than add_engines"),
+    ],
+)
+def test_live_side_rejects_what_it_cannot_run(change: dict[str, object], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        run_live(scenario_from_dict({**TINY, **change}))
+
+
+def test_virtual_clock_jumps_and_stops_at_a_barrier() -> None:
+    loop = VirtualTimeLoop()
+    released = threading.Event()
+    seen: list[float] = []
+
+    def barrier() -> float | None:
+        return None if released.is_set() else 5.0
+
+    def thread_work() -> None:
+        while loop.time() < 5.0:
+            released.wait(0.001)
+        seen.append(loop.time())  # the clock waits here for this thread, however slow it is
+        released.set()
+
+    async def main() -> float:
+        worker = threading.Thread(target=thread_work)
+        worker.start()
+        await asyncio.sleep(3600)
+        worker.join()
+        return loop.time()
+
+    loop.add_barrier(barrier)
+    try:
+        assert loop.run_until_complete(main()) == 3600.0
+    finally:
+        loop.close()
+    assert seen == [5.0]
