@@ -15,7 +15,7 @@ from typing import NamedTuple
 os.environ.setdefault("MODEL_CONCURRENCY_POLL_S", "0.5")
 os.environ.setdefault("MODEL_MAX_CONCURRENCY", "128")
 
-from model_concurrency import get_utilization  # noqa: E402
+from model_concurrency import get_utilization
 
 
 class Server(NamedTuple):

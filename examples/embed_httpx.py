@@ -34,7 +34,9 @@ async def embed_all(base_url: str, served_name: str, items: list[str]) -> list[l
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(__doc__.split("\n\n")[0], argv)
     with server(args) as srv:
-        register_model("bge-m3", base_url=srv.base_url, served_model_name=srv.served_name, max_parallel_calls=args.floor)
+        register_model(
+            "bge-m3", base_url=srv.base_url, served_model_name=srv.served_name, max_parallel_calls=args.floor
+        )
         started = time.monotonic()
         with print_target_path("bge-m3") as path:
             vectors = asyncio.run(embed_all(srv.base_url, srv.served_name, texts(args.items)))
