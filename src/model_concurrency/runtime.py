@@ -176,8 +176,10 @@ class ModelRuntime:
         the hold's deadline on this runtime's clock. What the policy does about the throttling is its own business
         (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile.
         """
-        until = self.limiter.hold.note(seconds, self.clock())
-        log.info("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - self.clock())
+        now = self.clock()
+        until = self.limiter.hold.note(seconds, now)
+        # Debug, not info: a burst of 429s would log one line each; the count is limiter.hold.holds.
+        log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until
 
     def held_for(self) -> float:
