@@ -1,7 +1,7 @@
 """A hosted endpoint's rate limit in front of the simulated fleet: requests and tokens per minute, 429 + Retry-After.
 
 Why the emulator's own buckets: the lab and the emulator must refuse the same calls for the same reasons, so this
-stage is :class:`~model_concurrency.emulator.ratelimit.RateLimiter` (pure, on the clock it is given) driven by
+stage is :class:`~model_concurrency.engine.ratelimit.RateLimiter` (pure, on the clock it is given) driven by
 SimPy time. A call is charged its prompt plus its output tokens (what OpenAI-style limits count: the prompt and
 ``max_tokens``). A refused call costs the client a round trip (``refusal_latency_s``) and comes back with the exact
 delay until both buckets could pay, as the emulator's ``retry-after-ms`` header says.
@@ -16,7 +16,7 @@ from typing import Protocol
 
 import simpy
 
-from model_concurrency.emulator.ratelimit import RateLimited, RateLimiter
+from model_concurrency.engine.ratelimit import RateLimited, RateLimiter
 from model_concurrency.engine.request import Request
 from model_concurrency.observation import EngineSnapshot
 
