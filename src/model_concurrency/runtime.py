@@ -193,6 +193,23 @@ class ModelRuntime:
     def inflight(self) -> int:
         return self.limiter.inflight()
 
+    def note_retry_after(self, seconds: float) -> float:
+        """A 429/503 asked to wait ``seconds``: no new call to this model starts before then (gate/hold.py).
+
+        ``ValueError`` for NaN, infinite or negative delays; longer than ``MAX_RETRY_AFTER_S`` is capped. Returns
+        the hold's deadline on this runtime's clock. What the policy does about the throttling is its own business
+        (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile.
+        """
+        now = self.clock()
+        until = self.limiter.hold.note(seconds, now)
+        # Debug, not info: a burst of 429s would log one line each; the count is limiter.hold.holds.
+        log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
+        return until
+
+    def held_for(self) -> float:
+        """Seconds until the Retry-After hold ends (0 when calls may start)."""
+        return self.limiter.held_for()
+
     def set_floor(self, floor: int) -> None:
         self._floor_override = max(1, int(floor))
         with self._lock:

@@ -26,9 +26,9 @@ import simpy
 
 from model_concurrency.emulator.clock import SimDriver
 from model_concurrency.emulator.openai_shapes import ApiError
-from model_concurrency.emulator.ratelimit import RateLimited, RateLimiter
 from model_concurrency.emulator.tokens import make_counter
 from model_concurrency.engine import EngineDownError, EnginePreset, FrontEndCost, Request, Server, get_preset
+from model_concurrency.engine.ratelimit import RateLimited, RateLimiter
 from model_concurrency.engine.request import LENGTH, STOP
 
 __all__ = ["EmulatorConfig", "EngineCore", "JobSpec", "Sink"]

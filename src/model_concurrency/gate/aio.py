@@ -30,6 +30,7 @@ from enum import Enum
 from time import perf_counter
 from typing import Any, Literal, TypeVar, overload
 
+from model_concurrency.gate.hold import wait_hold_async
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, pool_for
 from model_concurrency.gate.stats import merge_stats
@@ -280,7 +281,7 @@ class _Run:
                     self._refresh()
                     continue
                 if mode == OPPORTUNISTIC:
-                    if not limiter.try_acquire():
+                    if limiter.held_for() > 0 or not limiter.try_acquire():
                         break
                     item = await self._pull()
                     if item is _END:
@@ -291,9 +292,12 @@ class _Run:
                     if item is _END:
                         break
                     if mode == GATED:
+                        await wait_hold_async(limiter.hold, limiter.clock)
                         await limiter.acquire()
                     elif mode == PINNED:
                         limiter.acquire_pinned()
+                    if mode != BORROWED and limiter.held_for() > 0:  # granted during a Retry-After hold
+                        await wait_hold_async(limiter.hold, limiter.clock)
                 if self.stopped:  # a failure happened while this worker waited: the item is not started
                     if releases:
                         limiter.release()

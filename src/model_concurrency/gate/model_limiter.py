@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
 
 __all__ = ["HOLDING", "ModelLimiter", "ThreadWaiter"]
@@ -85,7 +86,7 @@ class ThreadWaiter:
 class ModelLimiter:
     """A model's resizable limit and in-flight count, safe across threads and event loops."""
 
-    __slots__ = ("_clock", "_core", "_lock", "_meter", "name")
+    __slots__ = ("_clock", "_core", "_lock", "_meter", "hold", "name")
 
     def __init__(self, name: str, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
@@ -93,6 +94,16 @@ class ModelLimiter:
         self._core: LimiterCore[_Waiter] = LimiterCore(limit)
         self._clock = clock
         self._meter = UsageMeter(clock())
+        # The Retry-After hold (gate/hold.py): the fronts wait for it around taking a slot; the core never sees it.
+        self.hold = AdmissionHold()
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    def held_for(self) -> float:
+        """Seconds until a Retry-After hold ends (0: calls may start)."""
+        return self.hold.remaining(self._clock())
 
     def _noted(self) -> None:
         """Record the count after a change (caller holds the lock)."""

@@ -7,9 +7,11 @@ An application with its own pool, its own ``asyncio.gather`` or a framework's ex
 
 Entering takes a permit from the model's limiter (waiting, FIFO, while the target is reached), so the call is in
 the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
-exception's HTTP status when it carries one) for the next poll. While any slot is held the model's runtime
-polls on schedule. The sync form never blocks an event loop it is not running on; used inside a running loop it
-would, so use ``async with`` there.
+exception's HTTP status when it carries one, or the status a transport reported with :meth:`slot.set_status`)
+for the next poll. A 429/503 whose response names a ``Retry-After`` holds the model's admissions until then
+(:mod:`.hold`): entering a slot waits for the hold, and a throttled call never counts as a success.
+While any slot is held the model's runtime polls on schedule. The sync form never blocks an event loop it is
+not running on; used inside a running loop it would, so use ``async with`` there.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from time import perf_counter
 from types import TracebackType
 
 from model_concurrency.config import get_model
+from model_concurrency.gate.hold import wait_hold, wait_hold_async
 from model_concurrency.gate.stats import status_of
+from model_concurrency.gate.target import THROTTLED, note_throttle
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -28,12 +32,28 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_runtime", "_start", "model")
+    __slots__ = ("_runtime", "_start", "_status", "model")
 
     def __init__(self, model: str | None = None) -> None:
         self.model = model
         self._runtime: ModelRuntime | None = None
         self._start = 0.0
+        self._status: int | None = None
+
+    @property
+    def runtime(self) -> ModelRuntime | None:
+        """The model's runtime while the slot is held (None outside)."""
+        return self._runtime
+
+    def set_status(self, status: int, retry_after_s: float | None = None) -> None:
+        """The call's HTTP status, for callers that get a response instead of an exception (a transport).
+
+        A status >= 400 makes the call a failure; 429/503 a throttled one, whose ``retry_after_s`` (if any) holds
+        the model's admissions.
+        """
+        self._status = status
+        if status in THROTTLED and retry_after_s is not None and self._runtime is not None:
+            self._runtime.note_retry_after(retry_after_s)
 
     def _begin(self) -> ModelRuntime:
         if self._runtime is not None:
@@ -41,6 +61,7 @@ class slot:
         if get_model(self.model) is None:
             warn_unknown(self.model)
         runtime = runtime_for(self.model)
+        self._status = None
         runtime.enter()
         runtime.limiter.resize(max(1, runtime.current()))
         self._runtime = runtime
@@ -51,10 +72,15 @@ class slot:
         assert runtime is not None
         latency = perf_counter() - self._start
         runtime.limiter.release()
-        if exc is None:
-            runtime.calls.record(latency, ok=True)
+        status = self._status
+        if exc is None and (status is None or status < 400):
+            runtime.calls.record(latency, ok=True, status=status)
+        elif exc is None:
+            runtime.calls.record(latency, ok=False, status=status)
         else:
-            runtime.calls.record(latency, ok=False, status=status_of(exc))
+            status = status_of(exc) if status is None else status
+            runtime.calls.record(latency, ok=False, status=status)
+            note_throttle(runtime, status, exc)
         runtime.leave()
 
     def _abandon(self) -> None:
@@ -65,6 +91,7 @@ class slot:
     def __enter__(self) -> slot:
         limiter = self._begin().limiter
         try:
+            wait_hold(limiter.hold, limiter.clock)
             waiter = limiter.acquire_or_enqueue_thread()
             if waiter is not None:
                 try:
@@ -73,6 +100,11 @@ class slot:
                     if not limiter.withdraw(waiter):
                         limiter.release()
                     raise
+            try:
+                wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
+            except BaseException:
+                limiter.release()
+                raise
         except BaseException:
             self._abandon()
             raise
@@ -87,7 +119,13 @@ class slot:
     async def __aenter__(self) -> slot:
         limiter = self._begin().limiter
         try:
+            await wait_hold_async(limiter.hold, limiter.clock)
             await limiter.acquire()
+            try:
+                await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
+            except BaseException:
+                limiter.release()
+                raise
         except BaseException:
             self._abandon()
             raise

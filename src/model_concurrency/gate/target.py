@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from model_concurrency.config import get_model
+from model_concurrency.gate.hold import retry_after_from_exception
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
 
-__all__ = ["REFRESH_EVERY", "REFRESH_S", "Target", "check_args"]
+__all__ = ["REFRESH_EVERY", "REFRESH_S", "THROTTLED", "Target", "check_args", "note_throttle"]
 
+# The statuses that mean "slow down" (the controller's CallRecorder counts the same two as throttled).
+THROTTLED = (429, 503)
 REFRESH_EVERY = 16
 REFRESH_S = 0.1
 
@@ -103,3 +106,13 @@ class Target:
         tally.add_error(exc, status)
         if self.recorder is not None:
             self.recorder.record(latency_s, ok=False, status=status)
+        note_throttle(self.runtime, status, exc)
+
+
+def note_throttle(runtime: ModelRuntime, status: int | None, exc: BaseException) -> None:
+    """Hand a throttled call's Retry-After (if its exception kept the response) to the model's runtime."""
+    if status not in THROTTLED:
+        return
+    delay = retry_after_from_exception(exc)
+    if delay is not None:
+        runtime.note_retry_after(delay)

@@ -27,6 +27,7 @@ from time import monotonic, perf_counter
 from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.aio import is_async_callable, map_concurrent, raise_first
+from model_concurrency.gate.hold import wait_hold
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import pool_for
 from model_concurrency.gate.stats import merge_stats
@@ -81,7 +82,8 @@ class _SyncRun:
                 self.permits.release()
                 return False
             limiter.acquire_pinned()
-            return True
+            return self._after_hold(limiter)
+        wait_hold(limiter.hold, limiter.clock, self._tick)
         waiter = limiter.acquire_or_enqueue_thread()
         try:
             while waiter is not None and not waiter.wait(self._wait_s()):
@@ -93,10 +95,25 @@ class _SyncRun:
         if self.stopped:
             limiter.release()
             return False
+        return self._after_hold(limiter)
+
+    def _after_hold(self, limiter: ModelLimiter) -> bool:
+        """A slot granted during a Retry-After hold starts its call only when the hold ends (gate/hold.py)."""
+        if limiter.held_for() > 0:
+            try:
+                wait_hold(limiter.hold, limiter.clock, self._tick)
+            except BaseException:
+                self._release(limiter, self.permits is not None)
+                raise
+            if self.stopped:
+                self._release(limiter, self.permits is not None)
+                return False
         return True
 
     def _try_slot(self) -> bool:
         limiter = self.target.limiter
+        if limiter.held_for() > 0:
+            return False
         if self.permits is not None:
             if not self.permits.acquire(blocking=False):
                 return False

@@ -9,6 +9,11 @@ out). It supplies only what differs in a simulation: the clock (``env.now``), th
 every ``poll_s`` seconds, like the live poller thread) and the I/O (the fleet's snapshot, and requests submitted
 to the engine model).
 
+A rate-limited target (:class:`~model_concurrency.lab.ratelimit.RateLimitedFront`) may refuse a call with a
+Retry-After: the call is recorded as throttled (status 429, never a success), the delay goes into an
+:class:`~model_concurrency.gate.hold.AdmissionHold` (the rule the live gate applies) and the item is retried once
+the hold has passed.
+
 The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
 ``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. One dispatcher
 process per client pulls items while the limiter grants slots, so a client costs one process, not one per item.
@@ -24,6 +29,7 @@ import simpy
 
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.engine.request import Request
+from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, UsageMeter
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy
@@ -122,6 +128,9 @@ class SimClient:
         self.started = 0
         self.completed = 0
         self.errors = 0
+        self.throttled = 0
+        self.throttle_times: list[float] = []
+        self.hold = AdmissionHold()
         self.retry: list[Request] = []
         self.queue_times: list[float] = []
         self.latencies: list[float] = []
@@ -157,19 +166,27 @@ class SimClient:
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
         env = self.env
+        submit_limited = getattr(self.target, "submit_limited", None)
         while self.items is None or self.started < self.items or self.retry:
+            while (held := self.hold.remaining(env.now)) > 0:  # the Retry-After rule, as in gate/hold.py
+                yield env.timeout(held)
             slot = env.event()
             if self.limiter.acquire_or_enqueue(slot):
                 self.usage.note(self.limiter.inflight, env.now)
             else:
                 yield slot
+            while (held := self.hold.remaining(env.now)) > 0:  # granted during a hold: start only after it
+                yield env.timeout(held)
             if self.retry:
                 request = self.retry.pop()
             else:
                 request = next(self.requests)
                 self.started += 1
             request.arrival_time = None
-            self.target.submit_callback(request, self._finished)
+            if submit_limited is not None:
+                submit_limited(request, self._finished, self._refused)
+            else:
+                self.target.submit_callback(request, self._finished)
         self._dispatching = False
 
     def _finished(self, request: Request) -> None:
@@ -192,6 +209,16 @@ class SimClient:
                     request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
                 )
             )
+        self._wake(self.limiter.release())
+
+    def _refused(self, request: Request, retry_after_s: float) -> None:
+        """A 429: throttled (not a success), hold admissions for the Retry-After, retry the item afterwards."""
+        now = self.env.now
+        self.throttled += 1
+        self.throttle_times.append(now)
+        self.calls.record(float(getattr(self.target, "refusal_latency_s", 0.0)), ok=False, status=429)
+        self.hold.note(retry_after_s, now)
+        self.retry.append(request)
         self._wake(self.limiter.release())
 
     def _poll(self, first_poll_s: float) -> Generator[Any, Any, None]:

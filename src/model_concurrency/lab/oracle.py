@@ -104,6 +104,8 @@ def _key(scenario: Scenario, background_rps: float, cap: int) -> str:
         "warmup": WARMUP_S,
         "measure": MEASURE_S,
     }
+    if scenario.rate_limit.active:  # only then, so the sweeps cached for scenarios without a limit stay valid
+        description["rate_limit"] = dataclasses.asdict(scenario.rate_limit)
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

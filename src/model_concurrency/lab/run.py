@@ -68,7 +68,7 @@ def simulate(
         clients.append(
             SimClient(
                 env,
-                world.fleet,
+                world.front,
                 stream,
                 policy=policy_factory() if policy_factory is not None else None,
                 schedule=ScheduledLimit(schedules[i]) if schedules is not None else None,
@@ -85,7 +85,7 @@ def simulate(
         )
     samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions")}
     per_client: list[dict[str, list[float]]] = [
-        {"target": [], "inflight": [], "completions": [], "errors": []} for _ in clients
+        {"target": [], "inflight": [], "completions": [], "errors": [], "throttled": []} for _ in clients
     ]
 
     def sampler() -> Generator[Any, Any, None]:
@@ -102,6 +102,7 @@ def simulate(
                 record["inflight"].append(client.inflight)
                 record["completions"].append(client.completed)
                 record["errors"].append(client.errors)
+                record["throttled"].append(client.throttled)
             if progress is not None:
                 progress(env.now)
             yield env.timeout(dt)
@@ -128,6 +129,7 @@ def simulate(
         finish_times=np.asarray([x for cl in clients for x in cl.finish_times], dtype=float),
         duration_s=scenario.duration_s,
         capacity_changes=scenario.capacity_change_times,
+        limit_rps=scenario.rate_limit.items_per_s(w.prompt_tokens + w.output_tokens),
     )
 
 

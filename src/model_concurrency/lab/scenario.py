@@ -34,6 +34,10 @@ grace_polls = 3
 rate_rps = 0.0
 burstiness = 1.0
 
+[rate_limit]            # a hosted endpoint's limit in front of the fleet (429 + Retry-After); absent = none
+requests_per_minute = 600
+tokens_per_minute = 400000
+
 [[events]]
 at_s = 600
 action = "add_engines"  # add_engines, remove_engines, replica_down, replica_up, metrics_down, metrics_up,
@@ -58,6 +62,7 @@ __all__ = [
     "Clients",
     "Event",
     "Fleet",
+    "RateLimit",
     "Scenario",
     "Workload",
     "bundled_scenarios",
@@ -154,6 +159,33 @@ class Background:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimit:
+    """Requests and tokens per minute for the fan-out clients' calls (lab/ratelimit.py); both absent = none."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    refusal_latency_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        _at_least("rate_limit.", "requests_per_minute", self.requests_per_minute, 0, strict=True)
+        _at_least("rate_limit.", "tokens_per_minute", self.tokens_per_minute, 0, strict=True)
+        _at_least("rate_limit.", "refusal_latency_s", self.refusal_latency_s, 0)
+
+    @property
+    def active(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None
+
+    def items_per_s(self, tokens_per_item: float) -> float | None:
+        """The most items per second the limit lets through, for items of ``tokens_per_item`` tokens."""
+        rates = []
+        if self.requests_per_minute is not None:
+            rates.append(self.requests_per_minute / 60.0)
+        if self.tokens_per_minute is not None:
+            rates.append(self.tokens_per_minute / 60.0 / max(tokens_per_item, 1.0))
+        return min(rates) if rates else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     at_s: float
     action: str
@@ -190,6 +222,7 @@ class Scenario:
     workload: Workload = field(default_factory=Workload)
     clients: Clients = field(default_factory=Clients)
     background: Background = field(default_factory=Background)
+    rate_limit: RateLimit = field(default_factory=RateLimit)
     events: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
@@ -276,6 +309,7 @@ def scenario_from_dict(data: dict[str, Any], default_name: str = "scenario") -> 
         "workload": _build(Workload, data.pop("workload", None), "workload"),
         "clients": _build(Clients, data.pop("clients", None), "clients"),
         "background": _build(Background, data.pop("background", None), "background"),
+        "rate_limit": _build(RateLimit, data.pop("rate_limit", None), "rate_limit"),
     }
     data.setdefault("name", default_name)
     top = {f.name for f in dataclasses.fields(Scenario)} - set(parts) - {"events"}

@@ -17,6 +17,11 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``latency_p99_s``: their end-to-end latency;
 * ``oscillation``: coefficient of variation of the summed target over the second half of the last phase;
 * ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client.
+* ``throttled_fraction``: calls refused with 429 over all calls sent (completed, failed, refused), whole run;
+  ``throttled_fraction_after_60s`` the same from t = 60 s (a rate limit's bucket starts full, so the first
+  minute is a burst no client can avoid learning from);
+* ``limit_ratio``: with a ``[rate_limit]``, the goodput from t = 60 s over what the limit lets through
+  (``min(rpm / 60, tpm / 60 / tokens per item)`` items per second); None without a limit.
 """
 
 from __future__ import annotations
@@ -43,7 +48,11 @@ SUMMARY_KEYS = (
     "latency_p99_s",
     "oscillation",
     "jain_fairness",
+    "throttled_fraction",
+    "limit_ratio",
 )
+
+AFTER_S = 60.0
 
 
 def jain_index(values: list[float] | Array) -> float:
@@ -83,6 +92,34 @@ def oscillation(trace: Trace) -> float:
     return float(target.std() / mean) if mean > 0 else 0.0
 
 
+def _throttling(trace: Trace) -> dict[str, float | None]:
+    """Throttled shares and the goodput against the rate limit (see the module docstring)."""
+    if not len(trace.time) or not trace.clients:
+        return {"throttled_fraction": 0.0, "throttled_fraction_after_60s": 0.0, "limit_ratio": None}
+
+    def total(name: str) -> Array:
+        series = [getattr(c, name) for c in trace.clients]
+        if any(len(x) != len(trace.time) for x in series):
+            return np.zeros_like(trace.time)
+        summed: Array = np.sum(series, axis=0)
+        return summed
+
+    throttled, done, failed = total("throttled"), total("completions"), total("errors")
+    sent = throttled + done + failed
+    cut = int(np.searchsorted(trace.time, AFTER_S))
+    cut = min(cut, len(trace.time) - 1)
+    sent_after = sent[-1] - sent[cut]
+    ratio = None
+    span = trace.time[-1] - trace.time[cut]
+    if trace.limit_rps and span > 0:
+        ratio = float((done[-1] - done[cut]) / span / trace.limit_rps)
+    return {
+        "throttled_fraction": float(throttled[-1] / sent[-1]) if sent[-1] else 0.0,
+        "throttled_fraction_after_60s": float((throttled[-1] - throttled[cut]) / sent_after) if sent_after else 0.0,
+        "limit_ratio": ratio,
+    }
+
+
 def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: float | None = None) -> dict[str, Any]:
     """The summary keys for one run; oracle figures come from the oracle's own run of the same scenario."""
     duration = trace.duration_s
@@ -111,5 +148,6 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "latency_p99_s": _percentile(trace.latencies, 99),
         "oscillation": oscillation(trace),
         "jain_fairness": jain_index(per_client),
+        **_throttling(trace),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}

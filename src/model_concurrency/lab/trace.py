@@ -24,6 +24,7 @@ class ClientTrace:
     inflight: Array
     completions: Array  # cumulative items completed
     errors: Array  # cumulative items that failed (and were retried)
+    throttled: Array = field(default_factory=lambda: np.zeros(0))  # cumulative calls refused 429 (and retried)
     poll_times: Array = field(default_factory=lambda: np.zeros(0))
     poll_targets: Array = field(default_factory=lambda: np.zeros(0))
 
@@ -41,6 +42,7 @@ class Trace:
     finish_times: Array
     duration_s: float
     capacity_changes: list[float] = field(default_factory=list)
+    limit_rps: float | None = None  # the scenario's rate limit in items per second (None: no limit)
 
     @property
     def total_completions(self) -> float:

@@ -14,6 +14,7 @@ import simpy
 
 from model_concurrency.engine import Fleet, Request, Server, get_preset
 from model_concurrency.engine.presets import EnginePreset
+from model_concurrency.lab.ratelimit import RateLimitedFront
 from model_concurrency.lab.scenario import Event, Scenario
 
 __all__ = ["Background", "Phase", "World", "build_fleet", "phases", "preset_for"]
@@ -109,6 +110,9 @@ class _NoTraffic:
 class World:
     """A fleet plus the scenario's timeline: applies events at their times, tracks the current phase.
 
+    ``front`` is what the fan-out clients submit to: the fleet itself, or the fleet behind the scenario's
+    ``[rate_limit]`` (:mod:`.ratelimit`); background tenants always submit to the fleet.
+
     ``live=False`` builds the fleet without traffic or timeline, for replaying events by hand (:func:`phases`).
     """
 
@@ -124,6 +128,17 @@ class World:
         self.env = env
         self.scenario = scenario
         self.fleet = build_fleet(env, scenario)
+        # What the fan-out clients call: the fleet, or the fleet behind the scenario's rate limit.
+        self.front: Fleet | RateLimitedFront = self.fleet
+        limit = scenario.rate_limit
+        if limit.active:
+            self.front = RateLimitedFront(
+                env,
+                self.fleet,
+                requests_per_minute=limit.requests_per_minute,
+                tokens_per_minute=limit.tokens_per_minute,
+                refusal_latency_s=limit.refusal_latency_s,
+            )
         self.metrics_up = True
         self.resolve_fraction = resolve_fraction
         w, bg = scenario.workload, scenario.background

@@ -1,0 +1,48 @@
+"""Embed a few thousand texts with the official OpenAI client, each request gated by ``slot(model)``.
+
+    python examples/embed_openai.py                     # starts a local emulator (needs the [emulator] extra)
+    python examples/embed_openai.py --url http://gpu-1:8000/v1 --served-name BAAI/bge-m3 --items 5000
+
+The client is wrapped once (``model_concurrency.integrations.openai.wrap``); after that the application keeps its
+own loop, here a plain ``asyncio.gather`` of every text at once, and the wrapped client holds each request until
+the model's limiter has room. Latency, errors and 429s are recorded for the policy; a 429's Retry-After holds the
+model. Each change of the target is printed as it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+from _shared import parse_args, print_target_path, report, server, texts
+
+from model_concurrency import register_model
+from model_concurrency.integrations.openai import wrap
+
+
+async def embed_all(base_url: str, served_name: str, items: list[str]) -> list[list[float]]:
+    client = wrap(openai.AsyncOpenAI(base_url=base_url, api_key="not-needed-for-the-emulator"), model="bge-m3")
+    try:
+        results = await asyncio.gather(
+            *(client.embeddings.create(model=served_name, input=text, encoding_format="float") for text in items)
+        )
+    finally:
+        await client.close()
+    return [result.data[0].embedding for result in results]
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    args = parse_args(__doc__.split("\n\n")[0], argv)
+    with server(args) as srv:
+        register_model(
+            "bge-m3", base_url=srv.base_url, served_model_name=srv.served_name, max_parallel_calls=args.floor
+        )
+        started = time.monotonic()
+        with print_target_path("bge-m3") as path:
+            vectors = asyncio.run(embed_all(srv.base_url, srv.served_name, texts(args.items)))
+        return report(len(vectors), time.monotonic() - started, path, args.floor)
+
+
+if __name__ == "__main__":
+    main()

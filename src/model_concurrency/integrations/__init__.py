@@ -1,0 +1,9 @@
+"""Wrappers that put a client this package does not own through the gate: each request takes ``slot(model)``.
+
+* :mod:`.httpx`: a transport for any ``httpx.Client`` / ``httpx.AsyncClient`` (the OpenAI SDK, LangChain's
+  clients, hand-written calls alike);
+* :mod:`.openai`: an ``OpenAI`` / ``AsyncOpenAI`` client whose requests go through that transport.
+
+Each request is counted in its model's in-flight and waits its turn like a fan-out's call; its latency and
+outcome feed the next poll, a 429/503 counts as throttled and its ``Retry-After`` holds the model's admissions.
+"""

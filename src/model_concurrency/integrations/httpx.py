@@ -1,0 +1,174 @@
+"""An httpx transport that runs every request through ``slot(model)``.
+
+Why a transport: it sees every attempt a client makes (an SDK's own retries included), with the status and headers
+of the response, and it is the one extension point httpx, the OpenAI SDK and most HTTP-based clients share.
+
+The model is the one given when wrapping, else the request's JSON ``model`` field (the served name), mapped to the
+registry key of the model that serves it. A request with neither (``GET /models``) passes through ungated. The
+slot is held until the response body is closed, so a streamed completion counts in flight for as long as it
+streams. A response with status >= 400 is a failed call; 429/503 a throttled one, whose ``Retry-After`` (or
+``retry-after-ms``) is handed to the model's runtime: no new call to it starts before then.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+
+from model_concurrency.config import registered_models
+from model_concurrency.gate.hold import retry_after_from_headers
+from model_concurrency.gate.slot import slot
+from model_concurrency.gate.target import THROTTLED
+
+__all__ = ["AsyncSlotTransport", "SlotTransport", "model_of_request", "registry_key"]
+
+
+def registry_key(served_name: str) -> str:
+    """The registered model serving ``served_name`` (its key, or a role's model), else the served name itself."""
+    models = registered_models()
+    if served_name in models:
+        return served_name
+    for key, spec in models.items():
+        if spec.served_name == served_name:
+            return key
+    return served_name
+
+
+def model_of_request(request: httpx.Request) -> str | None:
+    """The ``model`` field of a JSON request body, or None (no body, not JSON, a streamed upload)."""
+    if "json" not in request.headers.get("content-type", ""):
+        return None
+    try:
+        body = json.loads(request.content or b"null")
+    except (httpx.RequestNotRead, ValueError):
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def _key_for(model: str | None, request: httpx.Request) -> str | None:
+    if model is not None:
+        return model
+    served = model_of_request(request)
+    return registry_key(served) if served is not None else None
+
+
+def _report(gate: slot, response: httpx.Response) -> None:
+    status = response.status_code
+    delay = retry_after_from_headers(response.headers) if status in THROTTLED else None
+    gate.set_status(status, delay)
+
+
+class _SlotStream(httpx.SyncByteStream):
+    """The response body; closing it (or failing to read it) ends the call and releases the slot."""
+
+    def __init__(self, inner: httpx.SyncByteStream, gate: slot) -> None:
+        self._inner = inner
+        self._gate: slot | None = gate
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._inner
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    def _end(self, exc: BaseException | None) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.__exit__(type(exc) if exc is not None else None, exc, None)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._end(None)
+
+
+class _AsyncSlotStream(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, gate: slot) -> None:
+        self._inner = inner
+        self._gate: slot | None = gate
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    def _end(self, exc: BaseException | None) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.__exit__(type(exc) if exc is not None else None, exc, None)
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._end(None)
+
+
+class SlotTransport(httpx.BaseTransport):
+    """Wraps ``transport`` (default: a plain ``httpx.HTTPTransport``) so each request holds a slot of its model."""
+
+    def __init__(self, transport: httpx.BaseTransport | None = None, *, model: str | None = None) -> None:
+        self.inner = transport if transport is not None else httpx.HTTPTransport()
+        self.model = model
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        key = _key_for(self.model, request)
+        if key is None:
+            return self.inner.handle_request(request)
+        gate = slot(key)
+        gate.__enter__()
+        try:
+            response = self.inner.handle_request(request)
+            _report(gate, response)
+        except BaseException as exc:
+            gate.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_SlotStream(response.stream, gate),
+            extensions=response.extensions,
+        )
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsyncSlotTransport(httpx.AsyncBaseTransport):
+    """The asyncio form of :class:`SlotTransport` (for ``httpx.AsyncClient`` and ``AsyncOpenAI``)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *, model: str | None = None) -> None:
+        self.inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.model = model
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        key = _key_for(self.model, request)
+        if key is None:
+            return await self.inner.handle_async_request(request)
+        gate = slot(key)
+        await gate.__aenter__()
+        try:
+            response = await self.inner.handle_async_request(request)
+            _report(gate, response)
+        except BaseException as exc:
+            gate.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_AsyncSlotStream(response.stream, gate),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

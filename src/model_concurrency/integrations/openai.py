@@ -1,0 +1,72 @@
+"""An ``OpenAI`` or ``AsyncOpenAI`` client whose every request goes through ``slot(model)``::
+
+    from openai import OpenAI
+    from model_concurrency.integrations.openai import wrap
+
+    client = wrap(OpenAI(base_url=..., api_key=...), model="bge-m3")
+    client.embeddings.create(model="BAAI/bge-m3", input=texts)   # waits its turn, counted, recorded
+
+Without ``model=`` each request's ``model`` field (the served name) picks the registered model serving it. The
+wrapped client is a copy (``with_options``) that sends through a :class:`~.httpx.SlotTransport` on a plain
+``httpx`` client (the SDK takes one; SDKs built on ``httpx2`` take it as their "legacy" client), so each attempt
+the SDK makes, retries included, is one gated call; a 429/503 counts as throttled and its ``Retry-After`` holds the
+model's admissions (the SDK's own retry waits too, by the same header). A client built with its own
+``http_client`` keeps its transport only if it is passed as ``transport=``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast, overload
+
+import httpx
+import openai
+
+from model_concurrency.integrations.httpx import AsyncSlotTransport, SlotTransport
+
+__all__ = ["wrap"]
+
+# The OpenAI SDK's own connection limits: httpx's default of 100 connections would queue a fan-out beyond that
+# in the pool, where no limiter sees it.
+CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+
+def _timeout(client: openai.OpenAI | openai.AsyncOpenAI) -> httpx.Timeout:
+    """The client's timeout as a ``httpx.Timeout`` (newer SDKs hold an ``httpx2.Timeout``, older ones httpx's)."""
+    timeout: Any = client.timeout
+    if isinstance(timeout, (int, float)) or timeout is None:
+        return httpx.Timeout(timeout)
+    return httpx.Timeout(**timeout.as_dict())
+
+
+@overload
+def wrap(
+    client: openai.OpenAI, *, model: str | None = None, transport: httpx.BaseTransport | None = None
+) -> openai.OpenAI: ...
+@overload
+def wrap(
+    client: openai.AsyncOpenAI, *, model: str | None = None, transport: httpx.AsyncBaseTransport | None = None
+) -> openai.AsyncOpenAI: ...
+def wrap(
+    client: openai.OpenAI | openai.AsyncOpenAI,
+    *,
+    model: str | None = None,
+    transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+) -> openai.OpenAI | openai.AsyncOpenAI:
+    """A copy of ``client`` whose requests hold a slot of ``model`` (or of the model each request names)."""
+    if isinstance(client, openai.AsyncOpenAI):
+        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+            raise TypeError("an AsyncOpenAI client needs an httpx.AsyncBaseTransport")
+        inner_async = transport or httpx.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
+        async_http = httpx.AsyncClient(
+            transport=AsyncSlotTransport(inner_async, model=model), timeout=_timeout(client), follow_redirects=True
+        )
+        return client.with_options(http_client=cast(Any, async_http))
+    if isinstance(client, openai.OpenAI):
+        if transport is not None and not isinstance(transport, httpx.BaseTransport):
+            raise TypeError("an OpenAI client needs an httpx.BaseTransport")
+        inner = transport or httpx.HTTPTransport(limits=CONNECTION_LIMITS)
+        http = httpx.Client(
+            transport=SlotTransport(inner, model=model), timeout=_timeout(client), follow_redirects=True
+        )
+        return client.with_options(http_client=cast(Any, http))
+    raise TypeError(f"wrap() takes an openai.OpenAI or openai.AsyncOpenAI client, got {type(client).__name__}")
