@@ -15,18 +15,31 @@ defaults; :func:`declared_grace_polls` and :func:`uses_engine_signals` read them
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from model_concurrency.observation import Observation
 
-__all__ = ["Policy", "PolicyBase", "declared_grace_polls", "uses_engine_signals"]
+__all__ = ["Policy", "PolicyBase", "Target", "declared_grace_polls", "uses_engine_signals"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A policy's answer in two dimensions, as the engine schedules: requests in flight and tokens they hold.
+
+    ``tokens`` None leaves the token budget unenforced (what a plain float answer means). The budget binds only
+    calls that pass a weight (``map_concurrent(..., weight=)``, ``slot(tokens=)``); the controller clamps
+    ``requests`` to its bounds, and drops ``tokens`` (not enforced) when the fail-safe drops to the floor."""
+
+    requests: float
+    tokens: float | None = None
 
 
 @runtime_checkable
 class Policy(Protocol):
     """Anything with ``next_target``; plug-in authors implement this (and may declare the two traits below)."""
 
-    def next_target(self, target: float, obs: Observation) -> float: ...
+    def next_target(self, target: float, obs: Observation) -> float | Target: ...
 
 
 class PolicyBase:
