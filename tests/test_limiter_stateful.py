@@ -178,10 +178,7 @@ class LimiterMachine(RuleBasedStateMachine):
         # Drain: releasing every holder must serve every waiter, in order, and leave nothing held.
         waiting = [w for w, _ in self.queue]
         while self.held or self.pinned:
-            if self.pinned:
-                units = self.pinned.pop()
-            else:
-                units = self.held.pop(next(iter(self.held)))
+            units = self.pinned.pop() if self.pinned else self.held.pop(next(iter(self.held)))
             self._expect_admission(self.core.release(units))
         assert not self.queue and self.served[-len(waiting) :] == waiting if waiting else True
         assert self.core.inflight == 0 and self.core.waiting == 0 and self.core.units == 0

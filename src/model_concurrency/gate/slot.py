@@ -5,7 +5,9 @@ An application with its own pool, its own ``asyncio.gather`` or a framework's ex
     async with slot("bge-m3"):        # or: with slot("bge-m3"):
         await client.embeddings.create(...)
 
-Entering takes a permit from the model's limiter (waiting, FIFO, while the target is reached), so the call is in
+``slot(model, tokens=n)`` weighs the call by its tokens (prompt plus ``max_tokens``): it then waits while the
+model's token budget is spent too (see docs/gate.md). Entering takes a permit from the model's limiter (waiting,
+FIFO, while the target is reached), so the call is in
 the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
 exception's HTTP status when it carries one) for the next poll. While any slot is held the model's runtime
 polls on schedule. The sync form never blocks an event loop it is not running on; used inside a running loop it
@@ -19,6 +21,7 @@ from types import TracebackType
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.stats import status_of
+from model_concurrency.gate.target import checked_tokens
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -28,10 +31,12 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_runtime", "_start", "model")
+    __slots__ = ("_runtime", "_start", "model", "tokens")
 
-    def __init__(self, model: str | None = None) -> None:
+    def __init__(self, model: str | None = None, *, tokens: float | None = None) -> None:
         self.model = model
+        # Checked here, before any permit is taken: a bad weight is the caller's error, never a leaked slot.
+        self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
         self._start = 0.0
 
@@ -42,7 +47,11 @@ class slot:
             warn_unknown(self.model)
         runtime = runtime_for(self.model)
         runtime.enter()
-        runtime.limiter.resize(max(1, runtime.current()))
+        try:
+            runtime.apply_limits()
+        except BaseException:
+            runtime.leave()
+            raise
         self._runtime = runtime
         return runtime
 
@@ -50,7 +59,7 @@ class slot:
         runtime, self._runtime = self._runtime, None
         assert runtime is not None
         latency = perf_counter() - self._start
-        runtime.limiter.release()
+        runtime.limiter.release(self.tokens)
         if exc is None:
             runtime.calls.record(latency, ok=True)
         else:
@@ -65,13 +74,13 @@ class slot:
     def __enter__(self) -> slot:
         limiter = self._begin().limiter
         try:
-            waiter = limiter.acquire_or_enqueue_thread()
+            waiter = limiter.acquire_or_enqueue_thread(self.tokens)
             if waiter is not None:
                 try:
                     waiter.wait()
                 except BaseException:
                     if not limiter.withdraw(waiter):
-                        limiter.release()
+                        limiter.release(self.tokens)
                     raise
         except BaseException:
             self._abandon()
@@ -87,7 +96,7 @@ class slot:
     async def __aenter__(self) -> slot:
         limiter = self._begin().limiter
         try:
-            await limiter.acquire()
+            await limiter.acquire(self.tokens)
         except BaseException:
             self._abandon()
             raise
