@@ -107,7 +107,7 @@ class ControllerCore:
         self.last_ok, self.last_error, self.last_observation = True, None, obs
         try:
             answer = self.policy.next_target(self.target_value, obs)
-            proposed = float(answer.requests if isinstance(answer, Target) else answer)
+            proposed = float(answer)  # a Target is its request count; its tokens ride along
         except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
             self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
             log.error("%s; holding the target", self.last_error)

@@ -87,6 +87,7 @@ def poll_step(
         inflight=usage.inflight,
         inflight_peak=usage.peak,
         inflight_mean=usage.mean,
+        inflight_tokens=usage.units,
         time=now,
         calls=calls,
     )

@@ -167,6 +167,7 @@ class Usage:
     inflight: int
     peak: int
     mean: float | None
+    units: int = 0  # the units (tokens) held at the interval's end
 
 
 class UsageMeter:
@@ -177,14 +178,17 @@ class UsageMeter:
     happened to be taken. A clock that steps back is treated as no time passing.
     """
 
-    __slots__ = ("_area", "_at", "_level", "_peak", "_since")
+    __slots__ = ("_area", "_at", "_level", "_peak", "_since", "_units")
 
     def __init__(self, now: float, inflight: int = 0) -> None:
         self._since = self._at = now
         self._level = self._peak = inflight
         self._area = 0.0
+        self._units = 0
 
-    def note(self, inflight: int, now: float) -> None:
+    def note(self, inflight: int, now: float, units: int | None = None) -> None:
+        if units is not None:
+            self._units = units
         if now > self._at:
             self._area += self._level * (now - self._at)
             self._at = now
@@ -196,6 +200,6 @@ class UsageMeter:
         """The interval since the previous take, ending at ``now``; the next interval starts here."""
         self.note(self._level, now)
         span = self._at - self._since
-        usage = Usage(self._level, self._peak, self._area / span if span > 0 else None)
+        usage = Usage(self._level, self._peak, self._area / span if span > 0 else None, self._units)
         self._since, self._area, self._peak = self._at, 0.0, self._level
         return usage

@@ -97,7 +97,7 @@ class ModelLimiter:
 
     def _noted(self) -> None:
         """Record the count after a change (caller holds the lock)."""
-        self._meter.note(self._core.inflight, self._clock())
+        self._meter.note(self._core.inflight, self._clock(), self._core.units)
 
     def take_usage(self) -> Usage:
         """The interval since the previous call (the poll step's view of this process's use)."""

@@ -10,7 +10,9 @@ every ``poll_s`` seconds, like the live poller thread) and the I/O (the fleet's 
 to the engine model).
 
 The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
-``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. One dispatcher
+``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. Each request is
+weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a policy that answers
+a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One dispatcher
 process per client pulls items while the limiter grants slots, so a client costs one process, not one per item.
 """
 
@@ -48,8 +50,18 @@ def request_stream(
     output_sigma: float = 0.0,
     embedding: bool = False,
     tag: Any = None,
+    *,
+    long_fraction: float = 0.0,
+    long_prompt_tokens: int = 0,
+    long_output_tokens: int = 0,
+    long_burst: int = 1,
 ) -> Iterator[Request]:
-    """An endless stream of requests with lognormal sizes around the given means (sigma 0 = fixed sizes)."""
+    """An endless stream of requests with lognormal sizes around the given means (sigma 0 = fixed sizes).
+
+    With ``long_fraction > 0`` a heavy tail is mixed in: that share of the items is long (``long_prompt_tokens``
+    minus up to 5 %, answering ``long_output_tokens``), and long items come in runs of ``long_burst`` consecutive
+    items, as the long documents of a corpus sit together. Without it the stream draws exactly what it always did.
+    """
 
     def draw(mean: int, sigma: float, size: int) -> np.ndarray:
         if sigma <= 0:
@@ -58,11 +70,24 @@ def request_stream(
         values = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, size)
         return np.maximum(1, np.rint(values)).astype(np.int64)
 
+    run = 0
     while True:
         prompts = draw(prompt_tokens, prompt_sigma, 1024)
         outputs = draw(output_tokens, output_sigma, 1024)
-        for p, o in zip(prompts, outputs, strict=True):
-            yield Request(int(p), int(o), embedding=embedding, tag=tag)
+        if long_fraction <= 0:
+            for p, o in zip(prompts, outputs, strict=True):
+                yield Request(int(p), int(o), embedding=embedding, tag=tag)
+            continue
+        starts = rng.random(1024) < long_fraction / long_burst
+        longs = np.rint(long_prompt_tokens * (1 - 0.05 * rng.random(1024))).astype(np.int64)
+        for p, o, start, long_p in zip(prompts, outputs, starts, longs, strict=True):
+            if run == 0 and start:
+                run = long_burst
+            if run > 0:
+                run -= 1
+                yield Request(int(long_p), long_output_tokens, embedding=embedding, tag=tag)
+            else:
+                yield Request(int(p), int(o), embedding=embedding, tag=tag)
 
 
 class ScheduledLimit:
@@ -118,6 +143,7 @@ class SimClient:
         start = schedule.limit_at(0.0) if schedule is not None else self.core.target
         self.limiter: LimiterCore[simpy.Event] = LimiterCore(start)
         self.usage = UsageMeter(env.now)
+        self._units: dict[int, int] = {}  # id(request) -> the units it holds
         self.calls = CallRecorder()
         self.started = 0
         self.completed = 0
@@ -145,27 +171,30 @@ class SimClient:
 
     # -- the limiter's SimPy front-end ------------------------------------------------------------------
     def _wake(self, granted: list[simpy.Event]) -> None:
-        self.usage.note(self.limiter.inflight, self.env.now)
+        self.usage.note(self.limiter.inflight, self.env.now, self.limiter.units)
         for event in granted:
             event.succeed()
 
-    def _resize(self, limit: int) -> None:
-        self._wake(self.limiter.resize(max(1, int(limit))))
+    def _resize(self, limit: int, budget: int | None = None) -> None:
+        granted = self.limiter.resize(max(1, int(limit)))
+        self._wake(granted + self.limiter.set_budget(budget))
 
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
         env = self.env
         while self.items is None or self.started < self.items or self.retry:
-            slot = env.event()
-            if self.limiter.acquire_or_enqueue(slot):
-                self.usage.note(self.limiter.inflight, env.now)
-            else:
-                yield slot
             if self.retry:
                 request = self.retry.pop()
             else:
                 request = next(self.requests)
                 self.started += 1
+            units = request.prompt_tokens + request.output_tokens
+            slot = env.event()
+            if self.limiter.acquire_or_enqueue(slot, units):
+                self.usage.note(self.limiter.inflight, env.now, self.limiter.units)
+            else:
+                yield slot
+            self._units[id(request)] = units
             request.arrival_time = None
             self.target.submit_callback(request, self._finished)
         self._dispatching = False
@@ -190,7 +219,7 @@ class SimClient:
                     request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
                 )
             )
-        self._wake(self.limiter.release())
+        self._wake(self.limiter.release(self._units.pop(id(request))))
 
     def _poll(self, first_poll_s: float) -> Generator[Any, Any, None]:
         env, core = self.env, self.core
@@ -208,7 +237,7 @@ class SimClient:
             poll_step(core, self.calls.drain(), self.usage.take(now), now, snapshot, "metrics unavailable")
             self.poll_times.append(now)
             self.poll_targets.append(core.target)
-            self._resize(core.target)
+            self._resize(core.target, core.token_budget)
             yield env.timeout(core.poll_interval_s)
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:

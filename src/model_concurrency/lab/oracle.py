@@ -89,6 +89,15 @@ def _measure(scenario: Scenario, concurrency: int) -> float:
     return float((done[-1] - done[start]) / (trace.time[-1] - trace.time[start]))
 
 
+def _workload(scenario: Scenario) -> dict[str, Any]:
+    """The workload's fields, leaving out a heavy tail's while it is off (older sweeps keep their keys)."""
+    fields = dataclasses.asdict(scenario.workload)
+    if not fields["long_fraction"]:
+        for name in ("long_fraction", "long_prompt_tokens", "long_output_tokens", "long_burst"):
+            fields.pop(name)
+    return fields
+
+
 def _key(scenario: Scenario, background_rps: float, cap: int) -> str:
     description = {
         "version": _VERSION,
@@ -96,7 +105,7 @@ def _key(scenario: Scenario, background_rps: float, cap: int) -> str:
         "engines": scenario.fleet.engines,
         "replicas": scenario.fleet.replicas,
         "balancer": scenario.fleet.balancer,
-        "workload": dataclasses.asdict(scenario.workload),
+        "workload": _workload(scenario),
         "background_rps": round(background_rps, 9),
         "burstiness": scenario.background.burstiness,
         "seed": scenario.seed,

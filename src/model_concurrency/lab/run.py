@@ -64,6 +64,10 @@ def simulate(
             w.output_sigma,
             w.embedding,
             tag=i,
+            long_fraction=w.long_fraction,
+            long_prompt_tokens=w.long_prompt_tokens,
+            long_output_tokens=w.long_output_tokens,
+            long_burst=w.long_burst,
         )
         clients.append(
             SimClient(

@@ -16,7 +16,10 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``queue_time_p50_s`` / ``queue_time_p99_s``: engine queue time of the clients' requests;
 * ``latency_p99_s``: their end-to-end latency;
 * ``oscillation``: coefficient of variation of the summed target over the second half of the last phase;
-* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client.
+* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client;
+* ``preemptions``: engine preemptions fleet-wide after the first minute (:data:`PREEMPTIONS_AFTER_S`): the first
+  ramp may overshoot once, by design; after it a client that knows the KV cache should never make the engine
+  evict and recompute a request.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ SUMMARY_KEYS = (
     "latency_p99_s",
     "oscillation",
     "jain_fairness",
+    "preemptions",
 )
+
+PREEMPTIONS_AFTER_S = 60.0
 
 
 def jain_index(values: list[float] | Array) -> float:
@@ -70,6 +76,14 @@ def time_to_fraction(
     rate = trace.throughput(window_s)
     hit = np.nonzero((trace.time >= start) & (rate >= fraction * reference_rate))[0]
     return float(trace.time[hit[0]] - start) if len(hit) else None
+
+
+def preemptions_after(trace: Trace, after_s: float) -> int:
+    """Preemptions from ``after_s`` to the end of the run (the trace's cumulative count, sampled)."""
+    if not len(trace.time):
+        return 0
+    start = int(np.searchsorted(trace.time, min(after_s, float(trace.time[-1])), side="left"))
+    return int(round(float(trace.preemptions[-1] - trace.preemptions[start])))
 
 
 def oscillation(trace: Trace) -> float:
@@ -111,5 +125,6 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "latency_p99_s": _percentile(trace.latencies, 99),
         "oscillation": oscillation(trace),
         "jain_fairness": jain_index(per_client),
+        "preemptions": preemptions_after(trace, PREEMPTIONS_AFTER_S),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}

@@ -15,7 +15,6 @@ defaults; :func:`declared_grace_polls` and :func:`uses_engine_signals` read them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from model_concurrency.observation import Observation
@@ -23,23 +22,41 @@ from model_concurrency.observation import Observation
 __all__ = ["Policy", "PolicyBase", "Target", "declared_grace_polls", "uses_engine_signals"]
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A policy's answer in two dimensions, as the engine schedules: requests in flight and tokens they hold.
+class Target(float):
+    """A policy's answer in two dimensions, as the engine schedules: requests in flight and the tokens they hold.
 
-    ``tokens`` None leaves the token budget unenforced (what a plain float answer means). The budget binds only
-    calls that pass a weight (``map_concurrent(..., weight=)``, ``slot(tokens=)``); the controller clamps
-    ``requests`` to its bounds, and drops ``tokens`` (not enforced) when the fail-safe drops to the floor."""
+    It *is* the request count (a float), so code that treats a policy's answer as a number (the controller's
+    bounds, a wrapping policy, every test written for plain floats) keeps working; ``tokens`` rides along. None
+    leaves the token budget unenforced, which is what a plain float answer means. The budget binds only calls
+    that pass a weight (``map_concurrent(..., weight=)``, ``slot(tokens=)``); the controller clamps the request
+    count to its bounds, and drops the tokens (not enforced) when its fail-safe drops to the floor."""
 
-    requests: float
-    tokens: float | None = None
+    tokens: float | None
+
+    def __new__(cls, requests: float, tokens: float | None = None) -> Target:
+        self = super().__new__(cls, requests)
+        object.__setattr__(self, "tokens", None if tokens is None else float(tokens))
+        return self
+
+    @property
+    def requests(self) -> float:
+        return float(self)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Target is immutable")
+
+    def __reduce__(self) -> tuple[type[Target], tuple[float, float | None]]:
+        return (Target, (float(self), self.tokens))
+
+    def __repr__(self) -> str:
+        return f"Target(requests={float(self)!r}, tokens={self.tokens!r})"
 
 
 @runtime_checkable
 class Policy(Protocol):
     """Anything with ``next_target``; plug-in authors implement this (and may declare the two traits below)."""
 
-    def next_target(self, target: float, obs: Observation) -> float | Target: ...
+    def next_target(self, target: float, obs: Observation) -> float: ...
 
 
 class PolicyBase:
