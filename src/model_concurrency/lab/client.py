@@ -91,10 +91,15 @@ def request_stream(
 
 
 class ScheduledLimit:
-    """The oracle's "policy": a limit that follows a known schedule of (time, limit) instead of signals."""
+    """The oracle's "policy": a limit that follows a known schedule of (time, limit) instead of signals.
 
-    def __init__(self, schedule: list[tuple[float, int]]) -> None:
+    ``budgets`` is an optional schedule of (time, token budget) followed the same way (None: not enforced)."""
+
+    def __init__(
+        self, schedule: list[tuple[float, int]], budgets: list[tuple[float, int | None]] | None = None
+    ) -> None:
         self.schedule = sorted(schedule)
+        self.budgets = sorted(budgets or [], key=lambda b: b[0])
 
     def limit_at(self, t: float) -> int:
         limit = self.schedule[0][1]
@@ -102,6 +107,16 @@ class ScheduledLimit:
             if at <= t:
                 limit = value
         return max(1, limit)
+
+    def budget_at(self, t: float) -> int | None:
+        budget = None
+        for at, value in self.budgets:
+            if at <= t:
+                budget = value
+        return budget
+
+    def times(self) -> list[float]:
+        return sorted({at for at, _ in self.schedule} | {at for at, _ in self.budgets})
 
 
 class SimClient:
@@ -141,7 +156,7 @@ class SimClient:
             poll_interval_s=poll_s,
         )
         start = schedule.limit_at(0.0) if schedule is not None else self.core.target
-        self.limiter: LimiterCore[simpy.Event] = LimiterCore(start)
+        self.limiter: LimiterCore[simpy.Event] = LimiterCore(start, schedule.budget_at(0.0) if schedule else None)
         self.usage = UsageMeter(env.now)
         self._units: dict[int, int] = {}  # id(request) -> the units it holds
         self.calls = CallRecorder()
@@ -241,11 +256,13 @@ class SimClient:
             yield env.timeout(core.poll_interval_s)
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:
-        assert self.schedule is not None
-        for at, limit in self.schedule.schedule:
+        schedule = self.schedule
+        assert schedule is not None
+        for at in schedule.times():
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
-            self._resize(limit)
+            limit = schedule.limit_at(at)
+            self._resize(limit, schedule.budget_at(at))
             self.poll_times.append(self.env.now)
             self.poll_targets.append(limit)
 

@@ -55,8 +55,7 @@ from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import IdleClock, app_limited, own_share, sustainable
-from model_concurrency.policies.base import Target
-from model_concurrency.policies.token_budget import TokenBudget
+from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["Adaptive", "KvEstimate"]
 
@@ -126,7 +125,7 @@ class Adaptive:
     jump_fraction: float = 0.5
     token_budget: bool = True  # also answer a token budget (policies/token_budget.py); False: requests only
     token_overcommit: float = 1.0
-    tokens: TokenBudget = field(init=False, repr=False)
+    tokens: TokenSide = field(init=False, repr=False)
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -168,7 +167,7 @@ class Adaptive:
         if not 0 < self.jump_fraction <= 1:
             raise ValueError(f"jump_fraction must be in (0, 1], got {self.jump_fraction}")
         self.samples = deque(maxlen=self.window_polls)
-        self.tokens = TokenBudget(self.kv_high, self.token_overcommit)
+        self.tokens = TokenSide(TokenBudget(self.kv_high, self.token_overcommit), self.near_full)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
     def capacity(self, now: float) -> float | None:
@@ -298,8 +297,9 @@ class Adaptive:
     # -- the rule --------------------------------------------------------------------------------------------
     def next_target(self, target: float, obs: Observation) -> float:
         """The request target (the rules above), with the token budget riding along (weighted calls obey it)."""
-        requests = self._requests(target, obs)
-        return Target(requests, self.tokens.budget(obs)) if self.token_budget else requests
+        if not self.token_budget:
+            return self._requests(target, obs)
+        return self.tokens.answer(self._requests(target, self.tokens.view(obs)), obs)
 
     def _requests(self, target: float, obs: Observation) -> float:
         self._track_idle(obs)
