@@ -83,7 +83,7 @@ def preemptions_after(trace: Trace, after_s: float) -> int:
     if not len(trace.time):
         return 0
     start = int(np.searchsorted(trace.time, min(after_s, float(trace.time[-1])), side="left"))
-    return int(round(float(trace.preemptions[-1] - trace.preemptions[start])))
+    return round(float(trace.preemptions[-1] - trace.preemptions[start]))
 
 
 def oscillation(trace: Trace) -> float:

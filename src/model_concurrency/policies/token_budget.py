@@ -73,7 +73,6 @@ class TokenBudget:
         return min(max(budget, self.min_fraction * pool), ceiling)
 
 
-
 @dataclass(slots=True)
 class TokenSide:
     """The token side of a request-count policy: the budget it answers, and the view its count rule reads.
