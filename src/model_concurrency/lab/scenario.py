@@ -122,6 +122,7 @@ class Workload:
             raise ValueError(f"workload.long_fraction = {self.long_fraction}: must be in [0, 1]")
         if self.long_fraction > 0:
             _at_least("workload.", "long_prompt_tokens", self.long_prompt_tokens, 1)
+            _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0 if self.embedding else 1)
         _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0)
         _at_least("workload.", "long_burst", self.long_burst, 1)
         _at_least("workload.", "prompt_tokens", self.prompt_tokens, 1)

@@ -68,7 +68,7 @@ class TokenBudget:
         held, usage = obs.inflight_tokens or 0, obs.kv_cache_usage
         if held <= 0 or usage is None or not 0 < usage <= 1:
             return ceiling  # nothing weighted in flight to calibrate by: the pool itself
-        occupancy = min(1.0, max(usage * pool * share / held, 1e-3))
+        occupancy = max(usage * pool * share / held, 1e-3)  # above 1: weights understate, or neighbours
         budget = held + share * (self.kv_high - usage) * pool / occupancy
         return min(max(budget, self.min_fraction * pool), ceiling)
 
