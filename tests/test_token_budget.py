@@ -114,7 +114,9 @@ def test_the_fail_safe_drops_the_budget_with_the_target() -> None:
 
 def test_a_count_view_drops_kv_signals_only_while_the_budget_binds() -> None:
     side = TokenSide(TokenBudget(kv_high=0.9), near_full=0.8)
-    first = obs(inflight_tokens=90_000, kv_cache_usage=0.97, preemptions=3.0, waiting_capacity=4.0, running=50.0, inflight=50)
+    first = obs(
+        inflight_tokens=90_000, kv_cache_usage=0.97, preemptions=3.0, waiting_capacity=4.0, running=50.0, inflight=50
+    )
     assert side.view(first) == first  # no budget answered yet
     assert side.answer(50, first).tokens == pytest.approx(90_000 * 0.9 / 0.97)
     later = obs(inflight_tokens=85_000, kv_cache_usage=0.97, preemptions=3.0, waiting_capacity=4.0, running=20.0)
@@ -144,9 +146,9 @@ def test_the_pool_is_blocks_times_block_size_summed_over_engines() -> None:
 
 # -- the lab ------------------------------------------------------------------------------------------------------
 def test_a_heavy_tail_comes_in_bursts_of_long_items() -> None:
-    stream = request_stream(
-        np.random.default_rng(5), 300, 100, 0.5, 0.5, long_fraction=0.05, long_prompt_tokens=20_000, long_output_tokens=50, long_burst=4
-    )
+    rng = np.random.default_rng(5)
+    tail = {"long_fraction": 0.05, "long_prompt_tokens": 20_000, "long_output_tokens": 50, "long_burst": 4}
+    stream = request_stream(rng, 300, 100, 0.5, 0.5, **tail)  # type: ignore[arg-type]
     sizes = [next(stream).prompt_tokens for _ in range(20_000)]
     long = [s >= 19_000 for s in sizes]
     assert 0.04 < sum(long) / len(long) < 0.06
