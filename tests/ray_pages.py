@@ -25,9 +25,7 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
     by = Gauge("ray_vllm_num_requests_waiting_by_reason", "Waiting by reason", [*labels, "reason"], registry=reg)
     kv = Gauge("ray_vllm_kv_cache_usage_perc", "KV usage", labels, registry=reg)
     # vLLM's cache config labels include block_size, in the Ray form as natively (the KV pool in tokens needs it).
-    info = Gauge(
-        "ray_vllm_cache_config_info", "Cache config", [*labels, "block_size", "num_gpu_blocks"], registry=reg
-    )
+    info = Gauge("ray_vllm_cache_config_info", "Cache config", [*labels, "block_size", "num_gpu_blocks"], registry=reg)
     pre = Counter("ray_vllm_num_preemptions", "Preemptions", labels, registry=reg)
     ok = Counter("ray_vllm_request_success", "Finished", [*labels, "finished_reason"], registry=reg)
     queue = Histogram("ray_vllm_request_queue_time_seconds", "Queue", labels, buckets=QUEUE_BUCKETS, registry=reg)
