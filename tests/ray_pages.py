@@ -24,7 +24,8 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
     waiting = Gauge("ray_vllm_num_requests_waiting", "Waiting", labels, registry=reg)
     by = Gauge("ray_vllm_num_requests_waiting_by_reason", "Waiting by reason", [*labels, "reason"], registry=reg)
     kv = Gauge("ray_vllm_kv_cache_usage_perc", "KV usage", labels, registry=reg)
-    info = Gauge("ray_vllm_cache_config_info", "Cache config", [*labels, "num_gpu_blocks"], registry=reg)
+    # vLLM's cache config labels include block_size, in the Ray form as natively (the KV pool in tokens needs it).
+    info = Gauge("ray_vllm_cache_config_info", "Cache config", [*labels, "block_size", "num_gpu_blocks"], registry=reg)
     pre = Counter("ray_vllm_num_preemptions", "Preemptions", labels, registry=reg)
     ok = Counter("ray_vllm_request_success", "Finished", [*labels, "finished_reason"], registry=reg)
     queue = Histogram("ray_vllm_request_queue_time_seconds", "Queue", labels, buckets=QUEUE_BUCKETS, registry=reg)
@@ -40,7 +41,7 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
             by.labels(*lv, "capacity").set(state.waiting_capacity)
             by.labels(*lv, "deferred").set(state.waiting_deferred)
             kv.labels(*lv).set(state.kv)
-            info.labels(*lv, "4096").set(1)
+            info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(state.preemptions)
             ok.labels(*lv, "stop").inc(3)
             queue.labels(*lv).observe(0.2)

@@ -46,3 +46,25 @@ def test_target_and_state_are_exported(clock: FakeClock) -> None:
         assert metrics["model_concurrency_metrics_ok"] == 0
         assert metrics["model_concurrency_polls_total[failed]"] >= 1
         assert metrics["model_concurrency_polls_total[ok]"] == ok_before
+
+
+def test_both_budgets_are_exported() -> None:
+    from model_concurrency.policies.base import PolicyBase, Target
+    from model_concurrency.signals.source import ClientOnlySource
+    from model_concurrency.telemetry import snapshot
+
+    class TwoBudgets(PolicyBase):
+        def next_target(self, target: float, obs: object) -> float:
+            return Target(9, 5000)
+
+    runtime = ModelRuntime(None, name="telemetry-tokens", source=ClientOnlySource(), policy=TwoBudgets())
+    runtime.target()
+    assert runtime.limiter.try_acquire(1200) and runtime.limiter.try_acquire()
+    runtime.core.next_poll_at = 0.0  # due again: publish after the calls started
+    runtime.target()
+    metrics = exported("telemetry-tokens")
+    assert metrics["model_concurrency_target"] == 9
+    assert metrics["model_concurrency_token_budget"] == 5000
+    assert metrics["model_concurrency_inflight"] == 2
+    assert metrics["model_concurrency_inflight_tokens"] == 1200
+    assert snapshot(runtime)["token_budget"] == 5000 and snapshot(runtime)["inflight_tokens"] == 1200

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field, fields
 
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
-from model_concurrency.policies.base import Policy, declared_grace_polls
+from model_concurrency.policies.base import Policy, Target, declared_grace_polls
 
 __all__ = ["CallRecorder", "ControllerCore"]
 
@@ -56,6 +56,8 @@ class ControllerCore:
     last_error: str | None = None
     last_observation: Observation | None = None
     last_snapshot: EngineSnapshot | None = None
+    # Tokens weighted calls may hold at once (a policy answering a Target with tokens); None: not enforced.
+    token_budget: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.target_value = float(self.lower)
@@ -104,13 +106,15 @@ class ControllerCore:
         self.consecutive_failures = 0
         self.last_ok, self.last_error, self.last_observation = True, None, obs
         try:
-            proposed = float(self.policy.next_target(self.target_value, obs))
+            answer = self.policy.next_target(self.target_value, obs)
+            proposed = float(answer)  # a Target is its request count; its tokens ride along
         except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
             self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
             log.error("%s; holding the target", self.last_error)
             return self.target
         if math.isfinite(proposed):
             self.target_value = self._clamp(proposed)
+            self.token_budget = _tokens(answer)
         return self.target
 
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
@@ -128,7 +132,16 @@ class ControllerCore:
         self.last_ok, self.last_error, self.last_observation = False, reason, obs
         if self.consecutive_failures > self.effective_grace_polls:
             self.target_value = float(self.lower)
+            self.token_budget = None  # the floor is a count: without fresh signals no token figure is trusted
         return self.target
+
+
+def _tokens(answer: object) -> int | None:
+    """A policy's token budget: a Target's finite tokens, at least 1; anything else is "not enforced"."""
+    tokens = answer.tokens if isinstance(answer, Target) else None
+    if tokens is None or not math.isfinite(tokens):
+        return None
+    return max(1, int(tokens))
 
 
 class CallRecorder:

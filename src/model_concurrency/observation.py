@@ -28,6 +28,8 @@ class EngineSnapshot:
     waiting_capacity: float | None = None
     kv_cache_usage: float | None = None
     kv_num_blocks: int | None = None
+    # Block count × block size, summed over engines: the tokens the KV caches hold (``vllm:cache_config_info``).
+    kv_tokens: int | None = None
     preemptions_total: float | None = None
     success_total: float | None = None
     queue_time_sum_total: float | None = None
@@ -63,6 +65,8 @@ class Observation:
     since the previous poll: a window that was full at any moment of it was used, whichever moment the poll
     happened to be taken, so the application-limited rule reads the peak. The peak is never below ``inflight``;
     ``inflight_mean`` is None when nobody measured the interval (an Observation built by hand).
+    ``inflight_tokens`` is the tokens (weights) our calls in flight hold at the poll; None when not measured, 0 when
+    no call passed a weight. ``kv_tokens`` is the engines' KV capacity in tokens (block count × block size).
     """
 
     ok: bool = True
@@ -71,12 +75,14 @@ class Observation:
     waiting_capacity: float = 0.0
     kv_cache_usage: float | None = None
     kv_num_blocks: int | None = None
+    kv_tokens: int | None = None
     preemptions: float = 0.0
     completed: float | None = None
     queue_time_mean_s: float | None = None
     inflight: int = 0
     inflight_peak: int = 0
     inflight_mean: float | None = None
+    inflight_tokens: int | None = None
     time: float = 0.0
     client_calls: int = 0
     client_errors: int = 0
@@ -105,6 +111,7 @@ def observe(
     calls: CallStats | None = None,
     inflight_peak: int = 0,
     inflight_mean: float | None = None,
+    inflight_tokens: int | None = None,
 ) -> Observation:
     """Combine a source's reading with this process's own view into an Observation.
 
@@ -114,6 +121,7 @@ def observe(
     client = {
         "inflight_peak": inflight_peak,
         "inflight_mean": inflight_mean,
+        "inflight_tokens": inflight_tokens,
         "client_calls": calls.calls,
         "client_errors": calls.errors,
         "client_throttled": calls.throttled,
@@ -138,6 +146,7 @@ def observe(
         waiting_capacity=waiting_capacity,
         kv_cache_usage=snapshot.kv_cache_usage,
         kv_num_blocks=snapshot.kv_num_blocks,
+        kv_tokens=snapshot.kv_tokens,
         preemptions=preemptions or 0.0,
         completed=completed,
         queue_time_mean_s=queue_mean,

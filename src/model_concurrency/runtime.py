@@ -89,6 +89,7 @@ def poll_step(
         inflight=usage.inflight,
         inflight_peak=usage.peak,
         inflight_mean=usage.mean,
+        inflight_tokens=usage.units,
         time=now,
         calls=calls,
     )
@@ -160,6 +161,7 @@ class ModelRuntime:
         self.calls = CallRecorder()
         self._floor_override = floor
         self._lock = threading.Lock()
+        self._apply_lock = threading.Lock()  # reading the limits and setting the limiter's happen together
         self._polling = False
         self._users = 0
         self._reporting = False  # whether anything ever counted this model's calls in flight here
@@ -190,6 +192,21 @@ class ModelRuntime:
 
     peek = current
 
+    def current_budget(self) -> int | None:
+        """The token budget in force now (None: not enforced; only weighted calls are bound by it)."""
+        return self.core.token_budget if self.adaptive else None
+
+    def apply_limits(self) -> None:
+        """Bring the limiter to the limits in force: the request count and the token budget."""
+        with self._apply_lock:
+            self.limiter.resize(max(1, self.current()))
+            self.limiter.set_budget(self.current_budget())
+
+    def apply_budget(self) -> None:
+        """Bring the limiter's token budget to the one in force (read and set together: a stale read never wins)."""
+        with self._apply_lock:
+            self.limiter.set_budget(self.current_budget())
+
     def inflight(self) -> int:
         return self.limiter.inflight()
 
@@ -214,7 +231,7 @@ class ModelRuntime:
         self._floor_override = max(1, int(floor))
         with self._lock:
             self.core.set_bounds(self.floor, self.core.ceiling)
-        self.limiter.resize(self.current())
+        self.apply_limits()
 
     def _refresh_knobs(self) -> None:
         self.core.poll_interval_s = setting(*config.POLL_S)
@@ -334,7 +351,7 @@ class ModelRuntime:
                 telemetry.publish(self)
             finally:
                 self._polling = False
-        self.limiter.resize(self.current())
+        self.apply_limits()
 
     def _poll_blocking(self) -> None:
         assert self.source is not None

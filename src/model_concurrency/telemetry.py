@@ -21,6 +21,10 @@ TARGET = Gauge("model_concurrency_target", "Concurrency target the gate enforces
 FLOOR = Gauge("model_concurrency_floor", "Static capacity: the lowest target", _LABELS)
 CEILING = Gauge("model_concurrency_ceiling", "Highest target allowed", _LABELS)
 INFLIGHT = Gauge("model_concurrency_inflight", "This process's calls in flight for the model", _LABELS)
+TOKEN_BUDGET = Gauge(
+    "model_concurrency_token_budget", "Tokens weighted calls may hold at once; 0 when not enforced", _LABELS
+)
+INFLIGHT_TOKENS = Gauge("model_concurrency_inflight_tokens", "Tokens this process's weighted calls hold", _LABELS)
 SATURATED = Gauge("model_concurrency_saturated", "1 when the last poll saw capacity-waiting requests", _LABELS)
 METRICS_OK = Gauge("model_concurrency_metrics_ok", "1 when the last metrics poll succeeded", _LABELS)
 POLLS = Counter("model_concurrency_polls", "Metrics polls by outcome", (*_LABELS, "outcome"))
@@ -33,6 +37,8 @@ def publish(runtime: ModelRuntime) -> None:
     FLOOR.labels(model).set(core.lower)
     CEILING.labels(model).set(core.upper)
     INFLIGHT.labels(model).set(runtime.inflight())
+    TOKEN_BUDGET.labels(model).set(runtime.current_budget() or 0)
+    INFLIGHT_TOKENS.labels(model).set(runtime.limiter.units())
     SATURATED.labels(model).set(1 if core.saturated else 0)
     METRICS_OK.labels(model).set(1 if core.last_ok else 0)
     POLLS.labels(model, "ok" if core.last_ok else "failed").inc()
@@ -51,6 +57,8 @@ def snapshot(runtime: ModelRuntime) -> dict[str, Any]:
         "waiting_capacity": good.waiting_capacity if good else None,
         "kv_cache_usage": good.kv_cache_usage if good else None,
         "inflight": runtime.inflight(),
+        "inflight_tokens": runtime.limiter.units(),
+        "token_budget": runtime.current_budget(),
         "current_target": core.target,
         "floor": core.lower,
         "ceiling": core.upper,

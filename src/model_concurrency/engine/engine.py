@@ -258,6 +258,7 @@ class Engine(Scheduler):
             waiting_capacity=float(self.gauge_waiting),
             kv_cache_usage=self.gauge_kv_usage,
             kv_num_blocks=self.num_gpu_blocks,
+            kv_tokens=self.num_gpu_blocks * self.block_size,
             preemptions_total=float(stats.num_preemptions),
             success_total=float(stats.success_total),
             queue_time_sum_total=stats.queue_time.sum,

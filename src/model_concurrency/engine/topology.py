@@ -54,12 +54,14 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
 
     kv_values = [s.kv_cache_usage for s in items if s.kv_cache_usage is not None]
     blocks = [s.kv_num_blocks for s in items if s.kv_num_blocks is not None]
+    kv_tokens = [s.kv_tokens for s in items if s.kv_tokens is not None]
     return EngineSnapshot(
         running=total("running"),
         waiting=total("waiting"),
         waiting_capacity=total("waiting_capacity"),
         kv_cache_usage=max(kv_values) if kv_values else None,
         kv_num_blocks=sum(blocks) if blocks else None,
+        kv_tokens=sum(kv_tokens) if kv_tokens else None,
         preemptions_total=total("preemptions_total"),
         success_total=total("success_total"),
         queue_time_sum_total=total("queue_time_sum_total"),

@@ -34,7 +34,7 @@ from model_concurrency.gate.hold import wait_hold_async
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, pool_for
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args
+from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_weight, weigh
 
 __all__ = ["WorkerMode", "imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
 
@@ -92,7 +92,7 @@ def _post(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 class _ThreadJob:
     """One sync call on a pool thread, posting back to the loop; the slot is released exactly once."""
 
-    __slots__ = ("detached", "done", "fn", "future", "holding", "limiter", "lock", "loop", "value")
+    __slots__ = ("detached", "done", "fn", "future", "holding", "limiter", "lock", "loop", "units", "value")
 
     def __init__(
         self,
@@ -101,8 +101,10 @@ class _ThreadJob:
         loop: asyncio.AbstractEventLoop,
         holding: tuple[ModelLimiter, ...],
         limiter: ModelLimiter | None,
+        units: int = 0,
     ) -> None:
         self.fn, self.value, self.loop, self.holding, self.limiter = fn, value, loop, holding, limiter
+        self.units = units
         self.future: asyncio.Future[Any] = loop.create_future()
         self.lock = threading.Lock()
         self.done = self.detached = False
@@ -125,7 +127,7 @@ class _ThreadJob:
             except RuntimeError:  # the loop is gone; nobody else will release
                 pass
         if self.limiter is not None:
-            self.limiter.release()
+            self.limiter.release(self.units)
 
     def settle(self) -> None:
         """Called by the awaiting worker when it stops waiting, for any reason."""
@@ -133,7 +135,7 @@ class _ThreadJob:
             release_here = self.done
             self.detached = not self.done
         if release_here and self.limiter is not None:
-            self.limiter.release()
+            self.limiter.release(self.units)
 
 
 class _Run:
@@ -149,8 +151,11 @@ class _Run:
         return_exceptions: bool,
         timeout: float | None,
         streaming: bool,
+        weight: Callable[[Any], float] | None = None,
     ) -> None:
         check_args(capacity, timeout)
+        check_weight(weight)
+        self.weight = weight
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         self._it: Iterator[Any] | None = None
@@ -280,29 +285,40 @@ class _Run:
                 if target.due():
                     self._refresh()
                     continue
+                units = 0
                 if mode == OPPORTUNISTIC:
+                    # Nested: under a parent's (weighted) slot, counted by requests only; the weight is still
+                    # checked, so a bad one is the same error at every depth.
                     if limiter.held_for() > 0 or not limiter.try_acquire():
                         break
                     item = await self._pull()
                     if item is _END:
                         limiter.release()
                         break
+                    if self.weight is not None and await self._weighed(item) is None:
+                        limiter.release()
+                        continue
                 else:
                     item = await self._pull()
                     if item is _END:
                         break
+                    if self.weight is not None:
+                        weighed = await self._weighed(item)
+                        if weighed is None:
+                            continue
+                        units = weighed if mode != BORROWED else 0
                     if mode == GATED:
                         await wait_hold_async(limiter.hold, limiter.clock)
-                        await limiter.acquire()
+                        await limiter.acquire(units)
                     elif mode == PINNED:
-                        limiter.acquire_pinned()
+                        limiter.acquire_pinned(units)
                     if mode != BORROWED and limiter.held_for() > 0:  # granted during a Retry-After hold
                         await wait_hold_async(limiter.hold, limiter.clock)
                 if self.stopped:  # a failure happened while this worker waited: the item is not started
                     if releases:
-                        limiter.release()
+                        limiter.release(units)
                     break
-                await self._run_item(item[0], item[1], limiter if releases else None)
+                await self._run_item(item[0], item[1], limiter if releases else None, units)
         except Exception as exc:  # a bug here, not in fn (fn's errors are caught per item): stop and raise it
             if self.fatal is None:
                 self.fatal = exc
@@ -312,7 +328,16 @@ class _Run:
             if self.alive == 0:
                 self._finish()
 
-    async def _run_item(self, index: int, value: Any, limiter: ModelLimiter | None) -> None:
+    async def _weighed(self, item: tuple[int, Any]) -> int | None:
+        """The item's units, or None when its weight is bad: then the error is its outcome and it never runs."""
+        assert self.weight is not None
+        try:
+            return weigh(self.weight, item[1])
+        except Exception as exc:
+            await self._outcome(item[0], None, exc)
+            return None
+
+    async def _run_item(self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0) -> None:
         exc: BaseException | None = None
         result: Any = None
         start = perf_counter()
@@ -331,10 +356,13 @@ class _Run:
                 exc = error  # fn itself raised CancelledError (e.g. it awaited a task someone cancelled)
             finally:
                 if limiter is not None:
-                    limiter.release()
+                    limiter.release(units)
         else:
-            result, exc = await self._in_thread(value, limiter)
+            result, exc = await self._in_thread(value, limiter, units)
         self.target.record(perf_counter() - start, exc)
+        await self._outcome(index, result, exc)
+
+    async def _outcome(self, index: int, result: Any, exc: BaseException | None) -> None:
         if exc is not None and not self.return_exceptions:
             if self.first_error is None:
                 self.first_error = (index, exc)
@@ -348,9 +376,11 @@ class _Run:
             return
         await self._put((index, outcome))
 
-    async def _in_thread(self, value: Any, limiter: ModelLimiter | None) -> tuple[Any, BaseException | None]:
+    async def _in_thread(
+        self, value: Any, limiter: ModelLimiter | None, units: int
+    ) -> tuple[Any, BaseException | None]:
         assert self.pool is not None
-        job = _ThreadJob(self.fn, value, asyncio.get_running_loop(), self.holding, limiter)
+        job = _ThreadJob(self.fn, value, asyncio.get_running_loop(), self.holding, limiter, units)
         self.pool.submit(job.run)
         try:
             if self.timeout is None:
@@ -437,6 +467,7 @@ async def map_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R]: ...
 
 
@@ -449,6 +480,7 @@ async def map_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -461,6 +493,7 @@ async def map_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R]: ...
 
 
@@ -473,6 +506,7 @@ async def map_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -484,6 +518,7 @@ async def map_concurrent(
     capacity: int | None = None,
     timeout: float | None = None,
     return_exceptions: bool = False,
+    weight: Callable[[T], float] | None = None,
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
@@ -493,7 +528,9 @@ async def map_concurrent(
     each item (``TimeoutError`` for that item). By default the first failure stops new starts, waits for the
     running calls and is raised, with the other failures listed in its ``__notes__``; with
     ``return_exceptions=True`` each failed item's exception stands in its place. Cancelling the caller cancels
-    every call and releases every slot.
+    every call and releases every slot. ``weight`` maps an item to its tokens (prompt plus ``max_tokens``): the
+    item then also waits for room in the model's token budget (docs/gate.md); a weight that raises or is not a
+    finite number >= 0 is that item's error, and the item is not run.
     """
     run = _Run(
         items,
@@ -503,6 +540,7 @@ async def map_concurrent(
         return_exceptions=return_exceptions,
         timeout=timeout,
         streaming=False,
+        weight=weight,
     )
     await run.execute()
     if any(r is _PENDING for r in run.results):  # a safety net: never hand back a result that was not produced
@@ -519,6 +557,7 @@ def imap_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -531,6 +570,7 @@ def imap_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -543,6 +583,7 @@ def imap_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -555,6 +596,7 @@ def imap_concurrent(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -566,6 +608,7 @@ async def imap_concurrent(
     capacity: int | None = None,
     timeout: float | None = None,
     return_exceptions: bool = False,
+    weight: Callable[[T], float] | None = None,
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 
@@ -582,6 +625,7 @@ async def imap_concurrent(
         return_exceptions=return_exceptions,
         timeout=timeout,
         streaming=True,
+        weight=weight,
     )
     driver = asyncio.ensure_future(run.execute())
     try:

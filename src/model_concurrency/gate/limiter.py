@@ -15,6 +15,13 @@ Rules, after trio's CapacityLimiter (see docs/architecture.md):
 * a waiter cancelled after it was granted must hand its slot back with :meth:`release`;
 * a *pinned* slot (:meth:`acquire_pinned`, for a fan-out that passed ``capacity=``) is counted but not gated: it
   may push ``inflight`` above the limit, which holds every gated caller back until the count drains.
+
+Units (issue 16, the engine's second limit): each acquire may carry ``units`` (a request's tokens) against an
+optional ``budget``. A call starts while both the count and ``units held + its units <= budget`` fit; the same
+FIFO, hand-off and shrink rules hold for the budget. A call larger than what is left waits at the head of the
+queue (nobody overtakes it) until nothing is in flight, then runs alone, so even one larger than the whole budget
+never starves. Zero units (every unweighted call) never touch the budget, and ``budget=None`` is not enforced:
+without weights the core is exactly the count limiter above.
 """
 
 from __future__ import annotations
@@ -28,15 +35,17 @@ W = TypeVar("W")
 
 
 class LimiterCore(Generic[W]):
-    """FIFO waiters and an in-flight count against a limit that may change at any time."""
+    """FIFO waiters, an in-flight count and the units they hold, against limits that may change at any time."""
 
-    __slots__ = ("_limit", "_waiters", "inflight")
+    __slots__ = ("_budget", "_limit", "_waiters", "inflight", "units")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, budget: int | None = None) -> None:
         self._limit = self._checked(limit)
+        self._budget = self._checked_budget(budget)
         self.inflight = 0
-        # An insertion-ordered dict is a FIFO with O(1) removal of a cancelled waiter.
-        self._waiters: dict[W, None] = {}
+        self.units = 0
+        # An insertion-ordered dict is a FIFO with O(1) removal of a cancelled waiter; the value is its units.
+        self._waiters: dict[W, int] = {}
 
     @staticmethod
     def _checked(limit: int) -> int:
@@ -44,64 +53,111 @@ class LimiterCore(Generic[W]):
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         return limit
 
+    @staticmethod
+    def _checked_budget(budget: int | None) -> int | None:
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"budget must be an int >= 1 or None (not enforced), got {budget!r}")
+        return budget
+
+    @staticmethod
+    def _checked_units(units: int) -> int:
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ValueError(f"units must be an int >= 0, got {units!r}")
+        return units
+
     @property
     def limit(self) -> int:
         return self._limit
 
     @property
+    def budget(self) -> int | None:
+        """The units (tokens) that may be held at once; None: not enforced."""
+        return self._budget
+
+    @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def try_acquire(self) -> bool:
+    def fits(self, units: int) -> bool:
+        """Whether a call of ``units`` may start now (ignoring the queue).
+
+        Zero units never touch the budget, so unweighted calls see exactly the count limit; a call larger than
+        what is left starts only when nothing is in flight, so one larger than the whole budget runs alone."""
+        if self.inflight >= self._limit:
+            return False
+        budget = self._budget
+        return budget is None or units == 0 or self.inflight == 0 or self.units + units <= budget
+
+    def try_acquire(self, units: int = 0) -> bool:
         """Take a slot now if one is free and nobody is queued ahead."""
-        if not self._waiters and self.inflight < self._limit:
+        self._checked_units(units)
+        if not self._waiters and self.fits(units):
             self.inflight += 1
+            self.units += units
             return True
         return False
 
-    def acquire_or_enqueue(self, waiter: W) -> bool:
+    def acquire_or_enqueue(self, waiter: W, units: int = 0) -> bool:
         """True: the caller holds a slot. False: ``waiter`` is queued and will be handed back by a later call."""
-        if self.try_acquire():
+        if self.try_acquire(units):
             return True
         if waiter in self._waiters:
             raise ValueError("waiter is already queued")
-        self._waiters[waiter] = None
+        self._waiters[waiter] = units
         return False
 
-    def acquire_pinned(self) -> None:
-        """Count a call that a caller's explicit ``capacity=`` admits: never waits, never checks the limit."""
+    def acquire_pinned(self, units: int = 0) -> None:
+        """Count a call that a caller's explicit ``capacity=`` admits: never waits, never checks the limits."""
+        self.units += self._checked_units(units)
         self.inflight += 1
 
-    def _admit(self) -> list[W]:
+    def admit(self) -> list[W]:
+        """Grant the queue's head while it fits; a front-end calls this after a successful :meth:`cancel`."""
         granted: list[W] = []
-        while self._waiters and self.inflight < self._limit:
-            waiter = next(iter(self._waiters))
+        while self._waiters:
+            waiter, units = next(iter(self._waiters.items()))
+            if not self.fits(units):
+                break  # strict FIFO: a large head waits for room rather than being overtaken (no starvation)
             del self._waiters[waiter]
             self.inflight += 1
+            self.units += units
             granted.append(waiter)
         return granted
 
-    def release(self) -> list[W]:
-        """Give a slot back; returns the waiters that now hold slots and must be woken."""
+    def release(self, units: int = 0) -> list[W]:
+        """Give a slot (and the units it held) back; returns the waiters that now hold slots and must be woken."""
         if self.inflight <= 0:
             raise RuntimeError("release without a matching acquire")
+        if self._checked_units(units) > self.units:
+            raise RuntimeError(f"release of {units} units, but only {self.units} are held")
         self.inflight -= 1
-        return self._admit()
+        self.units -= units
+        return self.admit()
 
     def resize(self, limit: int) -> list[W]:
         """Change the limit in place; returns the waiters admitted by a growth (none on a shrink)."""
         self._limit = self._checked(limit)
-        return self._admit()
+        return self.admit()
+
+    def set_budget(self, budget: int | None) -> list[W]:
+        """Change the units budget (None: not enforced); returns the waiters a growth admits. Holders stay."""
+        self._budget = self._checked_budget(budget)
+        return self.admit()
 
     def cancel(self, waiter: W) -> bool:
-        """Withdraw a queued waiter. False means it was already granted: the caller must ``release`` its slot."""
+        """Withdraw a queued waiter. False means it was already granted: the caller must ``release`` its slot.
+
+        After a True, call :meth:`admit`: a withdrawn head that was too large may have held smaller ones back."""
         if waiter in self._waiters:
             del self._waiters[waiter]
             return True
         return False
 
     def __repr__(self) -> str:
-        return f"LimiterCore(limit={self._limit}, inflight={self.inflight}, waiting={len(self._waiters)})"
+        return (
+            f"LimiterCore(limit={self._limit}, budget={self._budget}, inflight={self.inflight}, units={self.units}, "
+            f"waiting={len(self._waiters)})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +167,7 @@ class Usage:
     inflight: int
     peak: int
     mean: float | None
+    units: int = 0  # the units (tokens) held at the interval's end
 
 
 class UsageMeter:
@@ -121,14 +178,17 @@ class UsageMeter:
     happened to be taken. A clock that steps back is treated as no time passing.
     """
 
-    __slots__ = ("_area", "_at", "_level", "_peak", "_since")
+    __slots__ = ("_area", "_at", "_level", "_peak", "_since", "_units")
 
     def __init__(self, now: float, inflight: int = 0) -> None:
         self._since = self._at = now
         self._level = self._peak = inflight
         self._area = 0.0
+        self._units = 0
 
-    def note(self, inflight: int, now: float) -> None:
+    def note(self, inflight: int, now: float, units: int | None = None) -> None:
+        if units is not None:
+            self._units = units
         if now > self._at:
             self._area += self._level * (now - self._at)
             self._at = now
@@ -140,6 +200,6 @@ class UsageMeter:
         """The interval since the previous take, ending at ``now``; the next interval starts here."""
         self.note(self._level, now)
         span = self._at - self._since
-        usage = Usage(self._level, self._peak, self._area / span if span > 0 else None)
+        usage = Usage(self._level, self._peak, self._area / span if span > 0 else None, self._units)
         self._since, self._area, self._peak = self._at, 0.0, self._level
         return usage

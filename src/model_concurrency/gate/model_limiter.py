@@ -50,10 +50,11 @@ def _grant(future: asyncio.Future[None]) -> None:
 
 
 class _AsyncWaiter:
-    __slots__ = ("future", "loop")
+    __slots__ = ("future", "loop", "units")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, units: int) -> None:
         self.loop = loop
+        self.units = units
         self.future: asyncio.Future[None] = loop.create_future()
 
     def wake(self, limiter: ModelLimiter) -> None:
@@ -63,7 +64,7 @@ class _AsyncWaiter:
         try:
             self.loop.call_soon_threadsafe(_grant, self.future)
         except RuntimeError:  # the waiter's loop is closed: nobody will take the slot, so pass it on
-            limiter.release()
+            limiter.release(self.units)
 
 
 class ThreadWaiter:
@@ -107,7 +108,7 @@ class ModelLimiter:
 
     def _noted(self) -> None:
         """Record the count after a change (caller holds the lock)."""
-        self._meter.note(self._core.inflight, self._clock())
+        self._meter.note(self._core.inflight, self._clock(), self._core.units)
 
     def take_usage(self) -> Usage:
         """The interval since the previous call (the poll step's view of this process's use)."""
@@ -119,8 +120,17 @@ class ModelLimiter:
         return self._core.limit
 
     @property
+    def budget(self) -> int | None:
+        """The token budget in force (None: not enforced, the default and the fail-safe)."""
+        return self._core.budget
+
+    @property
     def waiting(self) -> int:
         return self._core.waiting
+
+    def units(self) -> int:
+        """Tokens held now by weighted calls (unweighted calls hold none)."""
+        return self._core.units
 
     def inflight(self) -> int:
         """Slots held now (what the controller reports to the policy as this process's in-flight)."""
@@ -140,61 +150,84 @@ class ModelLimiter:
         if granted:
             self._wake(granted)
 
-    def try_acquire(self) -> bool:
+    def set_budget(self, budget: int | None) -> None:
+        """Change the token budget (None: not enforced); a growth admits waiters at once, a shrink revokes nobody."""
+        if budget == self._core.budget:
+            return
         with self._lock:
-            if self._core.try_acquire():
+            granted = self._core.set_budget(budget)
+            if granted:
+                self._noted()
+        if granted:
+            self._wake(granted)
+
+    def try_acquire(self, units: int = 0) -> bool:
+        with self._lock:
+            if self._core.try_acquire(units):
                 self._noted()
                 return True
             return False
 
-    def acquire_pinned(self) -> None:
+    def acquire_pinned(self, units: int = 0) -> None:
         with self._lock:
-            self._core.acquire_pinned()
+            self._core.acquire_pinned(units)
             self._noted()
 
-    def release(self) -> None:
+    def release(self, units: int = 0) -> None:
+        """Give back a slot and the ``units`` it was acquired with."""
         with self._lock:
-            granted = self._core.release()
+            granted = self._core.release(units)
             self._noted()
         if granted:
             self._wake(granted)
 
-    async def acquire(self) -> None:
-        """Wait for a slot (FIFO). Cancelled while waiting: withdrawn, or the granted slot is passed on."""
+    async def acquire(self, units: int = 0) -> None:
+        """Wait for a slot and ``units`` tokens (FIFO). Cancelled while waiting: withdrawn, or the grant passed on."""
         with self._lock:
-            if self._core.try_acquire():
+            if self._core.try_acquire(units):
                 self._noted()
                 return
-            waiter = _AsyncWaiter(asyncio.get_running_loop())
-            if self._core.acquire_or_enqueue(waiter):
+            waiter = _AsyncWaiter(asyncio.get_running_loop(), units)
+            if self._core.acquire_or_enqueue(waiter, units):
                 self._noted()
                 return
         try:
             await waiter.future
         except BaseException:
-            with self._lock:
-                withdrawn = self._core.cancel(waiter)
-            if not withdrawn:
-                self.release()
+            if not self._withdraw(waiter):
+                self.release(units)
             raise
 
-    def acquire_or_enqueue_thread(self) -> ThreadWaiter | None:
+    def acquire_or_enqueue_thread(self, units: int = 0) -> ThreadWaiter | None:
         """None: the caller holds a slot. Otherwise a queued waiter to :meth:`ThreadWaiter.wait` on."""
         with self._lock:
-            if self._core.try_acquire():
+            if self._core.try_acquire(units):
                 self._noted()
                 return None
             waiter = ThreadWaiter()
-            if self._core.acquire_or_enqueue(waiter):
+            if self._core.acquire_or_enqueue(waiter, units):
                 self._noted()
                 return None
             return waiter
 
+    def _withdraw(self, waiter: _Waiter) -> bool:
+        with self._lock:
+            withdrawn = self._core.cancel(waiter)
+            # A withdrawn head too large for the budget may have held smaller waiters back: let them in.
+            granted = self._core.admit() if withdrawn else []
+            if granted:
+                self._noted()
+        if granted:
+            self._wake(granted)
+        return withdrawn
+
     def withdraw(self, waiter: ThreadWaiter) -> bool:
         """Give up waiting. True: withdrawn. False: it was granted meanwhile and the caller now holds the slot."""
-        with self._lock:
-            return self._core.cancel(waiter)
+        return self._withdraw(waiter)
 
     def __repr__(self) -> str:
         core = self._core
-        return f"ModelLimiter({self.name!r}, limit={core.limit}, inflight={core.inflight}, waiting={core.waiting})"
+        return (
+            f"ModelLimiter({self.name!r}, limit={core.limit}, budget={core.budget}, inflight={core.inflight}, "
+            f"units={core.units}, waiting={core.waiting})"
+        )

@@ -5,7 +5,9 @@ An application with its own pool, its own ``asyncio.gather`` or a framework's ex
     async with slot("bge-m3"):        # or: with slot("bge-m3"):
         await client.embeddings.create(...)
 
-Entering takes a permit from the model's limiter (waiting, FIFO, while the target is reached), so the call is in
+``slot(model, tokens=n)`` weighs the call by its tokens (prompt plus ``max_tokens``): it then waits while the
+model's token budget is spent too (see docs/gate.md). Entering takes a permit from the model's limiter (waiting,
+FIFO, while the target is reached), so the call is in
 the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
 exception's HTTP status when it carries one, or the status a transport reported with :meth:`slot.set_status`)
 for the next poll. A 429/503 whose response names a ``Retry-After`` holds the model's admissions until then
@@ -22,7 +24,7 @@ from types import TracebackType
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
 from model_concurrency.gate.stats import status_of
-from model_concurrency.gate.target import THROTTLED, note_throttle
+from model_concurrency.gate.target import THROTTLED, checked_tokens, note_throttle
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -32,10 +34,12 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_runtime", "_start", "_status", "model")
+    __slots__ = ("_runtime", "_start", "_status", "model", "tokens")
 
-    def __init__(self, model: str | None = None) -> None:
+    def __init__(self, model: str | None = None, *, tokens: float | None = None) -> None:
         self.model = model
+        # Checked here, before any permit is taken: a bad weight is the caller's error, never a leaked slot.
+        self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
         self._start = 0.0
         self._status: int | None = None
@@ -63,7 +67,11 @@ class slot:
         runtime = runtime_for(self.model)
         self._status = None
         runtime.enter()
-        runtime.limiter.resize(max(1, runtime.current()))
+        try:
+            runtime.apply_limits()
+        except BaseException:
+            runtime.leave()
+            raise
         self._runtime = runtime
         return runtime
 
@@ -71,7 +79,7 @@ class slot:
         runtime, self._runtime = self._runtime, None
         assert runtime is not None
         latency = perf_counter() - self._start
-        runtime.limiter.release()
+        runtime.limiter.release(self.tokens)
         status = self._status
         if exc is None and (status is None or status < 400):
             runtime.calls.record(latency, ok=True, status=status)
@@ -92,18 +100,18 @@ class slot:
         limiter = self._begin().limiter
         try:
             wait_hold(limiter.hold, limiter.clock)
-            waiter = limiter.acquire_or_enqueue_thread()
+            waiter = limiter.acquire_or_enqueue_thread(self.tokens)
             if waiter is not None:
                 try:
                     waiter.wait()
                 except BaseException:
                     if not limiter.withdraw(waiter):
-                        limiter.release()
+                        limiter.release(self.tokens)
                     raise
             try:
                 wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
             except BaseException:
-                limiter.release()
+                limiter.release(self.tokens)
                 raise
         except BaseException:
             self._abandon()
@@ -120,11 +128,11 @@ class slot:
         limiter = self._begin().limiter
         try:
             await wait_hold_async(limiter.hold, limiter.clock)
-            await limiter.acquire()
+            await limiter.acquire(self.tokens)
             try:
                 await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
             except BaseException:
-                limiter.release()
+                limiter.release(self.tokens)
                 raise
         except BaseException:
             self._abandon()

@@ -10,7 +10,11 @@ fan-out is registered as a user, and the fan-out only re-reads it (every :data:`
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 from collections.abc import Callable
+from typing import Any
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import retry_after_from_exception
@@ -19,7 +23,19 @@ from model_concurrency.gate.stats import GateStats, status_of
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
 
-__all__ = ["REFRESH_EVERY", "REFRESH_S", "THROTTLED", "Target", "check_args", "note_throttle"]
+__all__ = [
+    "REFRESH_EVERY",
+    "REFRESH_S",
+    "THROTTLED",
+    "Target",
+    "check_args",
+    "check_weight",
+    "checked_tokens",
+    "note_throttle",
+    "weigh",
+]
+
+log = logging.getLogger("model_concurrency")
 
 # The statuses that mean "slow down" (the controller's CallRecorder counts the same two as throttled).
 THROTTLED = (429, 503)
@@ -32,6 +48,25 @@ def check_args(capacity: int | None, timeout: float | None) -> None:
         raise ValueError(f"capacity must be an int >= 1 (or None to follow the model's target), got {capacity!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds per item (or None), got {timeout!r}")
+
+
+def check_weight(weight: Callable[[Any], float] | None) -> None:
+    if weight is not None and not callable(weight):
+        raise TypeError(f"weight must be a callable mapping an item to its tokens (or None), got {weight!r}")
+
+
+def weigh(weight: Callable[[Any], float], value: Any) -> int:
+    """An item's units: ``weight(value)`` rounded up to whole tokens; a bad weight is a clear error for that item.
+
+    The error stands in the item's place (it is never run), so nothing is lost and no slot is taken."""
+    return checked_tokens(weight(value), f" for item {value!r}")
+
+
+def checked_tokens(units: object, where: str = "") -> int:
+    """Whole tokens from a finite number >= 0 (rounded up); anything else is a ValueError."""
+    if isinstance(units, bool) or not isinstance(units, numbers.Real) or not math.isfinite(units) or units < 0:
+        raise ValueError(f"a weight must be a finite number of tokens >= 0, got {units!r}{where}")
+    return math.ceil(float(units))
 
 
 class Target:
@@ -86,6 +121,7 @@ class Target:
     def _apply(self, read: Callable[[], int]) -> int:
         target = max(1, int(target_or_floor(self.model, self.runtime.floor, read)))
         self.limiter.resize(target)
+        self.runtime.apply_budget()
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
         self.next_at = self.runtime.clock() + REFRESH_S

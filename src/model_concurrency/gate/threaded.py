@@ -31,7 +31,7 @@ from model_concurrency.gate.hold import wait_hold
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import pool_for
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args
+from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_weight, weigh
 
 __all__ = ["map_concurrent_sync"]
 
@@ -50,8 +50,10 @@ class _SyncRun:
         capacity: int | None,
         return_exceptions: bool,
         timeout: float | None,
+        weight: Callable[[Any], float] | None = None,
     ) -> None:
         self.fn = fn
+        self.weight = weight
         self.target = Target(model, capacity)
         self.return_exceptions = return_exceptions
         self.timeout = timeout
@@ -66,13 +68,13 @@ class _SyncRun:
         self.holding: tuple[ModelLimiter, ...] = ()
 
     # -- slots -------------------------------------------------------------------------------------------------
-    def _release(self, limiter: ModelLimiter, pinned: bool) -> None:
-        limiter.release()
+    def _release(self, limiter: ModelLimiter, pinned: bool, units: int = 0) -> None:
+        limiter.release(units)
         if pinned:
             assert self.permits is not None
             self.permits.release()
 
-    def _wait_slot(self) -> bool:
+    def _wait_slot(self, units: int) -> bool:
         """Block for a slot, re-reading the target and expiring deadlines meanwhile. False if stopped."""
         limiter = self.target.limiter
         if self.permits is not None:
@@ -81,45 +83,45 @@ class _SyncRun:
             if self.stopped:
                 self.permits.release()
                 return False
-            limiter.acquire_pinned()
-            return self._after_hold(limiter)
+            limiter.acquire_pinned(units)
+            return self._after_hold(limiter, units)
         wait_hold(limiter.hold, limiter.clock, self._tick)
-        waiter = limiter.acquire_or_enqueue_thread()
+        waiter = limiter.acquire_or_enqueue_thread(units)
         try:
             while waiter is not None and not waiter.wait(self._wait_s()):
                 self._tick()
         except BaseException:
             if not limiter.withdraw(waiter):  # type: ignore[arg-type]
-                limiter.release()
+                limiter.release(units)
             raise
         if self.stopped:
-            limiter.release()
+            limiter.release(units)
             return False
-        return self._after_hold(limiter)
+        return self._after_hold(limiter, units)
 
-    def _after_hold(self, limiter: ModelLimiter) -> bool:
+    def _after_hold(self, limiter: ModelLimiter, units: int) -> bool:
         """A slot granted during a Retry-After hold starts its call only when the hold ends (gate/hold.py)."""
         if limiter.held_for() > 0:
             try:
                 wait_hold(limiter.hold, limiter.clock, self._tick)
             except BaseException:
-                self._release(limiter, self.permits is not None)
+                self._release(limiter, self.permits is not None, units)
                 raise
             if self.stopped:
-                self._release(limiter, self.permits is not None)
+                self._release(limiter, self.permits is not None, units)
                 return False
         return True
 
-    def _try_slot(self) -> bool:
+    def _try_slot(self, units: int) -> bool:
         limiter = self.target.limiter
         if limiter.held_for() > 0:
             return False
         if self.permits is not None:
             if not self.permits.acquire(blocking=False):
                 return False
-            limiter.acquire_pinned()
+            limiter.acquire_pinned(units)
             return True
-        return limiter.try_acquire()
+        return limiter.try_acquire(units)
 
     def _wait_s(self) -> float:
         wait = REFRESH_S
@@ -136,7 +138,7 @@ class _SyncRun:
             self._settle(index, None, TimeoutError(f"item {index} did not finish within {self.timeout}s"), None)
 
     # -- items -------------------------------------------------------------------------------------------------
-    def _job(self, index: int, value: Any, limiter: ModelLimiter | None) -> None:
+    def _job(self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0) -> None:
         """Run one item (on a pool thread, or inline when nested): call, release, settle."""
         token = HOLDING.set(self.holding)
         start = perf_counter()
@@ -149,18 +151,21 @@ class _SyncRun:
         finally:
             HOLDING.reset(token)
             if limiter is not None:
-                self._release(limiter, self.permits is not None)
+                self._release(limiter, self.permits is not None, units)
         latency = perf_counter() - start
         if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
             # Inline (nested) items cannot be timed out while they run; judge them when they end.
             exc = TimeoutError(f"item {index} did not finish within {self.timeout}s")
         self._settle(index, result, exc, latency)
 
-    def _settle(self, index: int, result: Any, exc: BaseException | None, latency: float | None) -> None:
+    def _settle(
+        self, index: int, result: Any, exc: BaseException | None, latency: float | None, ran: bool = True
+    ) -> None:
         with self.cond:
             if self.results[index] is not _PENDING:
                 return  # already timed out; the late result is dropped, its slot was released above
-            self.target.record(latency if latency is not None else self.timeout or 0.0, exc)
+            if ran:  # an item refused for its weight never reached the model
+                self.target.record(latency if latency is not None else self.timeout or 0.0, exc)
             if exc is not None and not self.return_exceptions:
                 self.results[index] = exc
                 if self.first_error is None:
@@ -210,10 +215,17 @@ class _SyncRun:
                 with self.cond:
                     self.results.append(_PENDING)
                     self.outstanding += 1
-                if nested and not self._try_slot():
+                units = 0
+                if self.weight is not None:
+                    try:
+                        units = weigh(self.weight, value)
+                    except Exception as exc:  # the item's own error: it stands in its place, unrun
+                        self._settle(index, None, exc, None, ran=False)
+                        continue
+                if nested and not self._try_slot(units):
                     self._job(index, value, None)  # on the parent's slot, on this thread
                     continue
-                if not nested and not self._wait_slot():
+                if not nested and not self._wait_slot(units):
                     with self.cond:
                         self.results.pop()
                         self.outstanding -= 1
@@ -221,9 +233,9 @@ class _SyncRun:
                 if self.timeout is not None:
                     heapq.heappush(self.deadlines, (monotonic() + self.timeout, index))
                 try:
-                    pool.submit(partial(self._job, index, value, limiter))
+                    pool.submit(partial(self._job, index, value, limiter, units))
                 except BaseException:
-                    self._release(limiter, self.permits is not None)
+                    self._release(limiter, self.permits is not None, units)
                     raise
             self._wait_all()
         except BaseException:
@@ -279,6 +291,7 @@ def map_concurrent_sync(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R]: ...
 
 
@@ -291,6 +304,7 @@ def map_concurrent_sync(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -303,6 +317,7 @@ def map_concurrent_sync(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R]: ...
 
 
@@ -315,6 +330,7 @@ def map_concurrent_sync(
     capacity: int | None = ...,
     timeout: float | None = ...,
     return_exceptions: Literal[True],
+    weight: Callable[[T], float] | None = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -326,24 +342,30 @@ def map_concurrent_sync(
     capacity: int | None = None,
     timeout: float | None = None,
     return_exceptions: bool = False,
+    weight: Callable[[T], float] | None = None,
 ) -> list[Any]:
     """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
 
     A plain ``fn`` runs on the model's worker threads (one pool per model, idle threads exit). An ``async def``
     ``fn`` or async iterable runs :func:`map_concurrent` under ``asyncio.run`` (on a helper thread if this thread
-    already runs a loop). Called from inside an item of the same model it runs nested: free slots only, else
-    inline on the parent's slot, so it never deadlocks.
+    already runs a loop). ``weight`` maps an item to its tokens, as for :func:`map_concurrent`. Called from
+    inside an item of the same model it runs nested: free slots only, else inline on the parent's slot, so it
+    never deadlocks.
     """
     check_args(capacity, timeout)
+    check_weight(weight)
     if is_async_callable(fn) or isinstance(items, AsyncIterable):
         kwargs: dict[str, Any] = {
             "model": model,
             "capacity": capacity,
             "return_exceptions": return_exceptions,
             "timeout": timeout,
+            "weight": weight,
         }
         return _run_coroutine(lambda: map_concurrent(items, fn, **kwargs))  # type: ignore[no-any-return]
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {fn!r}")
-    run = _SyncRun(fn, model=model, capacity=capacity, return_exceptions=return_exceptions, timeout=timeout)
+    run = _SyncRun(
+        fn, model=model, capacity=capacity, return_exceptions=return_exceptions, timeout=timeout, weight=weight
+    )
     return run.execute(items)

@@ -15,8 +15,11 @@ Retry-After: the call is recorded as throttled (status 429, never a success), th
 the hold has passed.
 
 The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
-``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. One dispatcher
-process per client pulls items while the limiter grants slots, so a client costs one process, not one per item.
+``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. Each request is
+weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a policy that answers
+a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One
+dispatcher process per client pulls items while the limiter grants slots, so a client costs one process, not one
+per item.
 """
 
 from __future__ import annotations
@@ -54,8 +57,18 @@ def request_stream(
     output_sigma: float = 0.0,
     embedding: bool = False,
     tag: Any = None,
+    *,
+    long_fraction: float = 0.0,
+    long_prompt_tokens: int = 0,
+    long_output_tokens: int = 0,
+    long_burst: int = 1,
 ) -> Iterator[Request]:
-    """An endless stream of requests with lognormal sizes around the given means (sigma 0 = fixed sizes)."""
+    """An endless stream of requests with lognormal sizes around the given means (sigma 0 = fixed sizes).
+
+    With ``long_fraction > 0`` a heavy tail is mixed in: that share of the items is long (``long_prompt_tokens``
+    minus up to 5 %, answering ``long_output_tokens``), and long items come in runs of ``long_burst`` consecutive
+    items, as the long documents of a corpus sit together. Without it the stream draws exactly what it always did.
+    """
 
     def draw(mean: int, sigma: float, size: int) -> np.ndarray:
         if sigma <= 0:
@@ -64,18 +77,36 @@ def request_stream(
         values = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, size)
         return np.maximum(1, np.rint(values)).astype(np.int64)
 
+    run = 0
     while True:
         prompts = draw(prompt_tokens, prompt_sigma, 1024)
         outputs = draw(output_tokens, output_sigma, 1024)
-        for p, o in zip(prompts, outputs, strict=True):
-            yield Request(int(p), int(o), embedding=embedding, tag=tag)
+        if long_fraction <= 0:
+            for p, o in zip(prompts, outputs, strict=True):
+                yield Request(int(p), int(o), embedding=embedding, tag=tag)
+            continue
+        starts = rng.random(1024) < long_fraction / long_burst
+        longs = np.rint(long_prompt_tokens * (1 - 0.05 * rng.random(1024))).astype(np.int64)
+        for p, o, start, long_p in zip(prompts, outputs, starts, longs, strict=True):
+            if run == 0 and start:
+                run = long_burst
+            if run > 0:
+                run -= 1
+                yield Request(int(long_p), long_output_tokens, embedding=embedding, tag=tag)
+            else:
+                yield Request(int(p), int(o), embedding=embedding, tag=tag)
 
 
 class ScheduledLimit:
-    """The oracle's "policy": a limit that follows a known schedule of (time, limit) instead of signals."""
+    """The oracle's "policy": a limit that follows a known schedule of (time, limit) instead of signals.
 
-    def __init__(self, schedule: list[tuple[float, int]]) -> None:
+    ``budgets`` is an optional schedule of (time, token budget) followed the same way (None: not enforced)."""
+
+    def __init__(
+        self, schedule: list[tuple[float, int]], budgets: list[tuple[float, int | None]] | None = None
+    ) -> None:
         self.schedule = sorted(schedule)
+        self.budgets = sorted(budgets or [], key=lambda b: b[0])
 
     def limit_at(self, t: float) -> int:
         limit = self.schedule[0][1]
@@ -83,6 +114,16 @@ class ScheduledLimit:
             if at <= t:
                 limit = value
         return max(1, limit)
+
+    def budget_at(self, t: float) -> int | None:
+        budget = None
+        for at, value in self.budgets:
+            if at <= t:
+                budget = value
+        return budget
+
+    def times(self) -> list[float]:
+        return sorted({at for at, _ in self.schedule} | {at for at, _ in self.budgets})
 
 
 class SimClient:
@@ -122,8 +163,9 @@ class SimClient:
             poll_interval_s=poll_s,
         )
         start = schedule.limit_at(0.0) if schedule is not None else self.core.target
-        self.limiter: LimiterCore[simpy.Event] = LimiterCore(start)
+        self.limiter: LimiterCore[simpy.Event] = LimiterCore(start, schedule.budget_at(0.0) if schedule else None)
         self.usage = UsageMeter(env.now)
+        self._units: dict[int, int] = {}  # id(request) -> the units it holds
         self.calls = CallRecorder()
         self.started = 0
         self.completed = 0
@@ -156,12 +198,13 @@ class SimClient:
 
     # -- the limiter's SimPy front-end ------------------------------------------------------------------
     def _wake(self, granted: list[simpy.Event]) -> None:
-        self.usage.note(self.limiter.inflight, self.env.now)
+        self.usage.note(self.limiter.inflight, self.env.now, self.limiter.units)
         for event in granted:
             event.succeed()
 
-    def _resize(self, limit: int) -> None:
-        self._wake(self.limiter.resize(max(1, int(limit))))
+    def _resize(self, limit: int, budget: int | None = None) -> None:
+        granted = self.limiter.resize(max(1, int(limit)))
+        self._wake(granted + self.limiter.set_budget(budget))
 
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
@@ -170,18 +213,20 @@ class SimClient:
         while self.items is None or self.started < self.items or self.retry:
             while (held := self.hold.remaining(env.now)) > 0:  # the Retry-After rule, as in gate/hold.py
                 yield env.timeout(held)
-            slot = env.event()
-            if self.limiter.acquire_or_enqueue(slot):
-                self.usage.note(self.limiter.inflight, env.now)
-            else:
-                yield slot
-            while (held := self.hold.remaining(env.now)) > 0:  # granted during a hold: start only after it
-                yield env.timeout(held)
             if self.retry:
                 request = self.retry.pop()
             else:
                 request = next(self.requests)
                 self.started += 1
+            units = request.prompt_tokens + request.output_tokens
+            slot = env.event()
+            if self.limiter.acquire_or_enqueue(slot, units):
+                self.usage.note(self.limiter.inflight, env.now, self.limiter.units)
+            else:
+                yield slot
+            self._units[id(request)] = units
+            while (held := self.hold.remaining(env.now)) > 0:  # granted during a hold: start only after it
+                yield env.timeout(held)
             request.arrival_time = None
             if submit_limited is not None:
                 submit_limited(request, self._finished, self._refused)
@@ -209,7 +254,7 @@ class SimClient:
                     request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
                 )
             )
-        self._wake(self.limiter.release())
+        self._wake(self.limiter.release(self._units.pop(id(request))))
 
     def _refused(self, request: Request, retry_after_s: float) -> None:
         """A 429: throttled (not a success), hold admissions for the Retry-After, retry the item afterwards."""
@@ -219,7 +264,7 @@ class SimClient:
         self.calls.record(float(getattr(self.target, "refusal_latency_s", 0.0)), ok=False, status=429)
         self.hold.note(retry_after_s, now)
         self.retry.append(request)
-        self._wake(self.limiter.release())
+        self._wake(self.limiter.release(self._units.pop(id(request))))
 
     def _poll(self, first_poll_s: float) -> Generator[Any, Any, None]:
         env, core = self.env, self.core
@@ -237,15 +282,17 @@ class SimClient:
             poll_step(core, self.calls.drain(), self.usage.take(now), now, snapshot, "metrics unavailable")
             self.poll_times.append(now)
             self.poll_targets.append(core.target)
-            self._resize(core.target)
+            self._resize(core.target, core.token_budget)
             yield env.timeout(core.poll_interval_s)
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:
-        assert self.schedule is not None
-        for at, limit in self.schedule.schedule:
+        schedule = self.schedule
+        assert schedule is not None
+        for at in schedule.times():
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
-            self._resize(limit)
+            limit = schedule.limit_at(at)
+            self._resize(limit, schedule.budget_at(at))
             self.poll_times.append(self.env.now)
             self.poll_targets.append(limit)
 

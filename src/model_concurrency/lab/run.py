@@ -44,6 +44,7 @@ def simulate(
     *,
     policy_factory: Callable[[], Policy] | None = None,
     schedules: list[list[tuple[float, int]]] | None = None,
+    budgets: list[list[tuple[float, int | None]]] | None = None,
     resolve_fraction: Callable[[Phase, float], float] = _no_background,
     progress: Progress | None = None,
 ) -> Trace:
@@ -64,6 +65,10 @@ def simulate(
             w.output_sigma,
             w.embedding,
             tag=i,
+            long_fraction=w.long_fraction,
+            long_prompt_tokens=w.long_prompt_tokens,
+            long_output_tokens=w.long_output_tokens,
+            long_burst=w.long_burst,
         )
         clients.append(
             SimClient(
@@ -71,7 +76,11 @@ def simulate(
                 world.front,
                 stream,
                 policy=policy_factory() if policy_factory is not None else None,
-                schedule=ScheduledLimit(schedules[i]) if schedules is not None else None,
+                schedule=(
+                    ScheduledLimit(schedules[i], budgets[i] if budgets is not None else None)
+                    if schedules is not None
+                    else None
+                ),
                 floor=c.floor,
                 ceiling=c.ceiling,
                 poll_s=c.poll_s,

@@ -115,8 +115,21 @@ class Workload:
     prompt_sigma: float = 0.0
     output_sigma: float = 0.0
     embedding: bool = False
+    # A heavy tail (heavy-tail.toml): this share of items is long, in runs of long_burst consecutive items.
+    long_fraction: float = 0.0
+    long_prompt_tokens: int = 0
+    long_output_tokens: int = 0
+    long_burst: int = 1
 
     def __post_init__(self) -> None:
+        _at_least("workload.", "long_fraction", self.long_fraction, 0)
+        if self.long_fraction > 1:
+            raise ValueError(f"workload.long_fraction = {self.long_fraction}: must be in [0, 1]")
+        if self.long_fraction > 0:
+            _at_least("workload.", "long_prompt_tokens", self.long_prompt_tokens, 1)
+            _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0 if self.embedding else 1)
+        _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0)
+        _at_least("workload.", "long_burst", self.long_burst, 1)
         _at_least("workload.", "prompt_tokens", self.prompt_tokens, 1)
         _at_least("workload.", "output_tokens", self.output_tokens, 0)
         _at_least("workload.", "prompt_sigma", self.prompt_sigma, 0)

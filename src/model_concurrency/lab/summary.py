@@ -16,12 +16,15 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``queue_time_p50_s`` / ``queue_time_p99_s``: engine queue time of the clients' requests;
 * ``latency_p99_s``: their end-to-end latency;
 * ``oscillation``: coefficient of variation of the summed target over the second half of the last phase;
-* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client.
+* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client;
 * ``throttled_fraction``: calls refused with 429 over all calls sent (completed, failed, refused), whole run;
   ``throttled_fraction_after_60s`` the same from t = 60 s (a rate limit's bucket starts full, so the first
   minute is a burst no client can avoid learning from);
 * ``limit_ratio``: with a ``[rate_limit]``, the goodput from t = 60 s over what the limit lets through
-  (``min(rpm / 60, tpm / 60 / tokens per item)`` items per second); None without a limit.
+  (``min(rpm / 60, tpm / 60 / tokens per item)`` items per second); None without a limit;
+* ``preemptions``: engine preemptions fleet-wide after the first minute (:data:`PREEMPTIONS_AFTER_S`): the first
+  ramp may overshoot once, by design; after it a client that knows the KV cache should never make the engine
+  evict and recompute a request.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ SUMMARY_KEYS = (
     "jain_fairness",
     "throttled_fraction",
     "limit_ratio",
+    "preemptions",
 )
 
 AFTER_S = 60.0
+PREEMPTIONS_AFTER_S = AFTER_S
 
 
 def jain_index(values: list[float] | Array) -> float:
@@ -79,6 +84,14 @@ def time_to_fraction(
     rate = trace.throughput(window_s)
     hit = np.nonzero((trace.time >= start) & (rate >= fraction * reference_rate))[0]
     return float(trace.time[hit[0]] - start) if len(hit) else None
+
+
+def preemptions_after(trace: Trace, after_s: float) -> int:
+    """Preemptions from ``after_s`` to the end of the run (the trace's cumulative count, sampled)."""
+    if not len(trace.time):
+        return 0
+    start = int(np.searchsorted(trace.time, min(after_s, float(trace.time[-1])), side="left"))
+    return round(float(trace.preemptions[-1] - trace.preemptions[start]))
 
 
 def oscillation(trace: Trace) -> float:
@@ -149,5 +162,6 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "oscillation": oscillation(trace),
         "jain_fairness": jain_index(per_client),
         **_throttling(trace),
+        "preemptions": preemptions_after(trace, PREEMPTIONS_AFTER_S),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}

@@ -8,7 +8,7 @@ flaws kept), ``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capaci
 from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
-from model_concurrency.policies.base import Policy
+from model_concurrency.policies.base import Policy, Target
 from model_concurrency.policies.capacity import Capacity
 from model_concurrency.policies.gradient import Gradient
 from model_concurrency.policies.queue import QueuePolicy
@@ -37,6 +37,7 @@ __all__ = [
     "SeedAIMD",
     "Setpoint",
     "Static",
+    "Target",
     "find_preset",
     "load_policy",
     "load_preset",

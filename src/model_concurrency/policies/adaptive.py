@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import IdleClock, app_limited, own_share, sustainable
+from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["Adaptive", "KvEstimate"]
 
@@ -122,6 +123,9 @@ class Adaptive:
     kv_jump: bool = True
     jump_share: float = 0.9
     jump_fraction: float = 0.5
+    token_budget: bool = True  # also answer a token budget (policies/token_budget.py); False: requests only
+    token_overcommit: float = 1.0
+    tokens: TokenSide = field(init=False, repr=False)
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -163,6 +167,7 @@ class Adaptive:
         if not 0 < self.jump_fraction <= 1:
             raise ValueError(f"jump_fraction must be in (0, 1], got {self.jump_fraction}")
         self.samples = deque(maxlen=self.window_polls)
+        self.tokens = TokenSide(TokenBudget(self.kv_high, self.token_overcommit), self.near_full)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
     def capacity(self, now: float) -> float | None:
@@ -291,6 +296,12 @@ class Adaptive:
 
     # -- the rule --------------------------------------------------------------------------------------------
     def next_target(self, target: float, obs: Observation) -> float:
+        """The request target (the rules above), with the token budget riding along (weighted calls obey it)."""
+        if not self.token_budget:
+            return self._requests(target, obs)
+        return self.tokens.answer(self._requests(target, self.tokens.view(obs)), obs)
+
+    def _requests(self, target: float, obs: Observation) -> float:
         self._track_idle(obs)
         rate = self._rate(obs)
         factor = self._rescale(obs)

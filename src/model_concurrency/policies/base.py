@@ -19,7 +19,37 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from model_concurrency.observation import Observation
 
-__all__ = ["Policy", "PolicyBase", "declared_grace_polls", "uses_engine_signals"]
+__all__ = ["Policy", "PolicyBase", "Target", "declared_grace_polls", "uses_engine_signals"]
+
+
+class Target(float):
+    """A policy's answer in two dimensions, as the engine schedules: requests in flight and the tokens they hold.
+
+    It *is* the request count (a float), so code that treats a policy's answer as a number (the controller's
+    bounds, a wrapping policy, every test written for plain floats) keeps working; ``tokens`` rides along. None
+    leaves the token budget unenforced, which is what a plain float answer means. The budget binds only calls
+    that pass a weight (``map_concurrent(..., weight=)``, ``slot(tokens=)``); the controller clamps the request
+    count to its bounds, and drops the tokens (not enforced) when its fail-safe drops to the floor."""
+
+    tokens: float | None
+
+    def __new__(cls, requests: float, tokens: float | None = None) -> Target:
+        self = super().__new__(cls, requests)
+        object.__setattr__(self, "tokens", None if tokens is None else float(tokens))
+        return self
+
+    @property
+    def requests(self) -> float:
+        return float(self)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Target is immutable")
+
+    def __reduce__(self) -> tuple[type[Target], tuple[float, float | None]]:
+        return (Target, (float(self), self.tokens))
+
+    def __repr__(self) -> str:
+        return f"Target(requests={float(self)!r}, tokens={self.tokens!r})"
 
 
 @runtime_checkable

@@ -117,6 +117,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     kv_usage: float | None = None
     kv_blocks: int | None = None
+    kv_tokens: int | None = None
     waiting_capacity: float | None = None
     forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
     for raw_name, labels, value in _samples(text):
@@ -139,6 +140,9 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             blocks = labels.get("num_gpu_blocks")
             if blocks is not None and blocks.isdigit():
                 kv_blocks = (kv_blocks or 0) + int(blocks)
+                size = labels.get("block_size")
+                if size is not None and size.isdigit():
+                    kv_tokens = (kv_tokens or 0) + int(blocks) * int(size)
             continue
         if name in KV_USAGE:
             check_plausible(name, value, upper=1.0)
@@ -150,7 +154,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
     prefer_total_counters(totals, bare)
-    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks)
+    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens)
 
 
 def accumulate(
@@ -169,7 +173,11 @@ def accumulate(
 
 
 def snapshot_from_totals(
-    totals: dict[str, float], waiting_capacity: float | None, kv_usage: float | None, kv_blocks: int | None
+    totals: dict[str, float],
+    waiting_capacity: float | None,
+    kv_usage: float | None,
+    kv_blocks: int | None,
+    kv_tokens: int | None = None,
 ) -> EngineSnapshot:
     """The snapshot a page or a PromQL answer adds up to (``totals`` must hold the running series)."""
     return EngineSnapshot(
@@ -178,6 +186,7 @@ def snapshot_from_totals(
         waiting_capacity=waiting_capacity,
         kv_cache_usage=kv_usage,
         kv_num_blocks=kv_blocks,
+        kv_tokens=kv_tokens,
         preemptions_total=totals.get(PREEMPTIONS),
         success_total=totals.get(SUCCESS),
         queue_time_sum_total=totals.get(QUEUE_SUM),

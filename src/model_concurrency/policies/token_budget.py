@@ -1,0 +1,114 @@
+"""The token budget: how many tokens our weighted calls may hold at once, from the engine's own KV cache.
+
+vLLM admits a request only while its KV blocks fit, so the second limit a gate can mirror is tokens. The
+engine states its pool outright: ``vllm:cache_config_info`` gives ``num_gpu_blocks × block_size`` per engine,
+summed over engines (``Observation.kv_tokens``, ``C``). Two gauges calibrate it on every poll:
+
+* ``c``, the KV tokens one unit of weight actually occupies: ``u × C × s / U`` with ``u`` the KV usage, ``U``
+  our weighted tokens in flight and ``s`` our share of the engine's load. A weight is prompt plus ``max_tokens``,
+  an upper bound of what the request ever holds (the answer is not written yet, or ends sooner), so ``c <= 1``
+  and the budget may grow past the pool by ``1 / c``; other clients' load on a shared engine raises ``c``.
+* the trim: ``B = U + s × (kv_high − u) × C / c``. Below ``kv_high`` that is the room left, in our units; above,
+  it cuts in proportion to the overshoot. Alone on the engine it reduces to ``U × kv_high / u``, the Prime-RL
+  rollout controller's escape from the KV-thrash spiral (in flight × target usage / usage).
+
+The budget never exceeds ``overcommit × s × C``: with weights that really are upper bounds and ``overcommit`` 1,
+what we admit fits the cache even if every request reached its longest, so the engine never preempts on our
+account. It is never below the largest single request the pool holds (``C / engines`` is not known per engine,
+so ``min_fraction × C``): a request larger than the budget still runs, alone (the limiter's rule).
+
+Without the pool's size (an older vLLM, the Prometheus API source) there is no budget: None, not enforced.
+A pure helper a policy owns (``Adaptive`` sets it next to its request target); it keeps no state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from model_concurrency.observation import Observation
+from model_concurrency.policies._common import own_share
+from model_concurrency.policies.base import Target
+
+__all__ = ["TokenBudget", "TokenSide"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    """The token budget rule (module docstring).
+
+    Parameters:
+        kv_high: the KV usage the budget steers to (default 0.92, as ``Adaptive.kv_high``), in (0, 1].
+        overcommit: the budget's ceiling as a multiple of our share of the pool (default 1.0, > 0): above 1 trusts
+            the calibration to admit more weight than the pool holds (weights that overstate, like a generous
+            ``max_tokens``), at the risk of preemptions when requests do reach their length together.
+        min_fraction: the budget's floor as a fraction of the pool (default 0.05, in (0, 1]).
+    """
+
+    kv_high: float = 0.92
+    overcommit: float = 1.0
+    min_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kv_high <= 1:
+            raise ValueError(f"kv_high must be in (0, 1], got {self.kv_high}")
+        if not (self.overcommit > 0 and math.isfinite(self.overcommit)):
+            raise ValueError(f"overcommit must be a finite number > 0, got {self.overcommit}")
+        if not 0 < self.min_fraction <= 1:
+            raise ValueError(f"min_fraction must be in (0, 1], got {self.min_fraction}")
+
+    def budget(self, obs: Observation) -> float | None:
+        """Tokens our weighted calls may hold after this poll; None without the pool's size (not enforced)."""
+        pool = obs.kv_tokens
+        if not pool or pool <= 0:
+            return None
+        share = own_share(obs) if obs.inflight > 0 else 1.0
+        ceiling = max(self.overcommit * share * pool, self.min_fraction * pool)
+        held, usage = obs.inflight_tokens or 0, obs.kv_cache_usage
+        if held <= 0 or usage is None or not 0 < usage <= 1:
+            return ceiling  # nothing weighted in flight to calibrate by: the pool itself
+        occupancy = max(usage * pool * share / held, 1e-3)  # above 1: weights understate, or neighbours
+        budget = held + share * (self.kv_high - usage) * pool / occupancy
+        return min(max(budget, self.min_fraction * pool), ceiling)
+
+
+@dataclass(slots=True)
+class TokenSide:
+    """The token side of a request-count policy: the budget it answers, and the view its count rule reads.
+
+    While a budget binds our weighted calls, the KV cache is the budget's to watch, so its signals leave the
+    count rule's view: KV usage is held just under ``kv_high`` (the rule's estimates still see a nearly full
+    cache, its saturation test never fires) and preemptions are the budget's trim. Capacity-waiting leaves it
+    too while our tokens in flight reach ``near_full`` of the budget and the engine runs fewer sequences than
+    it has ever run: the engine then waits for KV blocks the budget handed out, not for sequence slots, and a cut
+    of the request count only starves the short requests once the long ones finish (the lab's ``heavy-tail``:
+    the count fell from 120 to 11 on every burst of long prompts, 0.86 of the oracle's goodput). At the most
+    sequences ever seen running, waiting is the sequence limit's, and the count rule cuts as it always did.
+    Without weighted calls in flight, or without a budget, the view is the observation itself."""
+
+    rule: TokenBudget
+    near_full: float = 0.8
+    budget: float | None = None  # the budget answered last
+    running_max: float = 0.0  # the most sequences the engine has run (forgotten when its KV pool changes)
+    pool: int | None = None
+
+    def view(self, obs: Observation) -> Observation:
+        if obs.kv_tokens != self.pool:
+            self.pool, self.running_max = obs.kv_tokens, 0.0
+        running_max, self.running_max = self.running_max, max(self.running_max, obs.running)
+        held, budget = obs.inflight_tokens or 0, self.budget
+        if budget is None or held <= 0:
+            return obs
+        kv = obs.kv_cache_usage
+        changes: dict[str, object] = {"preemptions": 0.0}
+        if kv is not None:
+            changes["kv_cache_usage"] = min(kv, self.rule.kv_high * 0.999)
+        if held >= self.near_full * budget and obs.running < running_max - 0.5:
+            changes["waiting_capacity"] = 0.0
+        return dataclasses.replace(obs, **changes)  # type: ignore[arg-type]
+
+    def answer(self, requests: float, obs: Observation) -> Target:
+        """The count rule's answer with this poll's budget riding along."""
+        self.budget = self.rule.budget(obs)
+        return Target(requests, self.budget)
