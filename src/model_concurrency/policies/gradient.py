@@ -1,29 +1,34 @@
-"""Gradient: a latency gradient in the Gradient2 style, from this process's own measured latencies.
+"""Gradient: find the knee of completions per second against concurrency, then hold the latency it had.
 
-For endpoints with no ``/metrics`` (hosted APIs, gateways), the only signals are the client's own: how long its
-calls took, and whether the server pushed back (HTTP 429/503). Netflix's Gradient2 limit works from exactly that.
-It compares a short-term latency with a long-term baseline; latency rising above the baseline means queues are
-growing somewhere, so the limit shrinks in proportion:
+For endpoints with no ``/metrics`` (hosted APIs, gateways, a closed metrics port) the only signals are the
+client's own: how many calls finished, how long they took, and whether the server pushed back (429/503).
 
-* ``long ← long + a_long × (latency − long)`` and ``short ← short + a_short × (latency − short)`` with
-  ``a = 2 / (window + 1)`` (EWMAs over polls; ``latency`` is ``obs.client_latency_mean_s``, the mean of this
-  process's calls that finished since the previous poll). When ``long / short > 2`` the baseline is decayed by
-  ``long_decay``: after a long overload the baseline was dragged up and would otherwise take ages to come back;
-* application-limited hold: ``inflight < app_limited × target`` → hold (a job that is not using its window learns
-  nothing about the server from growing it);
-* ``gradient = clamp(min_gradient, 1, tolerance × long / short)``;
-  ``new = target × gradient + max(queue_size, queue_fraction × target)``;
-  ``next = (1 − smoothing) × target + smoothing × new``;
-* throttled (``obs.client_throttled > 0``): ``next = throttle_factor × target``, and that poll's latency is not
-  fed to the averages (fast rejections would drag the baseline down);
-* no latency this poll (no call finished): hold.
+Why not Gradient2 or Vegas as published: both compare latency with a no-load baseline (Gradient2 a long EWMA,
+Vegas and Envoy's adaptive-concurrency filter the minimum RTT, re-sampled by periodically dropping concurrency,
+as BBR's probe-RTT does). On a batching engine latency rises with the batch long before anything queues (an
+H100 decode step at 256 sequences is about 3 × the single-stream one), so a minimum-RTT rule with a 25 % buffer
+stops far below the knee, and a long EWMA follows the rise and never cuts. What does mark the knee is BBR's
+full-pipe signal: a doubling of concurrency that no longer buys completions. So:
 
-Departures from Gradient2, and why: Gradient2 updates on every request; this runs once per poll (12 s), so its
-growth term scales with the target (``queue_fraction``; Gradient2 adds a constant 4, which per poll would take
-hours to reach hundreds) and the smoothing is per poll. With the defaults a steady latency grows the target
-12.5 % a poll and the largest latency rise shrinks it 12.5 % a poll; it settles where latency is about
-``tolerance / (1 − queue_fraction)`` times the baseline. Engine gauges are ignored entirely, so an observation
-with zero gauges (no ``/metrics``) is fine.
+* **startup**: double per poll while a doubling raised this process's completions per second by at least
+  ``startup_exit`` (BBR's full-pipe test, on client counts only). The first doubling that did not went past the
+  knee: go back to the level before it (BBR's drain) and take that level's mean latency × ``tolerance`` as the
+  **setpoint** — the latency the engine shows at its knee. It is a property of the engine and the workload, not
+  of how many engines serve it, so it survives replicas added or lost and other tenants' load;
+* **steady state**: ``next = target × clamp(setpoint / latency, min_gradient, max_growth)``, with ``latency``
+  the mean of the calls that finished since the previous poll. Past the knee latency grows in proportion to
+  concurrency, so one step lands on it; below it latency grows more slowly, so steps shrink as it is approached.
+  Every client sees the same latency, so many clients converge together (Vegas-like), where a per-client
+  throughput gradient would not (each client's own rate keeps rising with its window by taking others' share);
+* **throttled** (any 429/503) or failed calls: ``next = throttle_factor × target`` (multiplicative decrease),
+  startup ends and that poll's latency is not used (fast rejections would look like room). A throttled call never
+  counts as a completion (the gate records it as an error);
+* application-limited (peak in flight ``< app_limited × target``): no growth, since a window not used says
+  nothing about the server; cuts still apply;
+* no call finished this poll: hold.
+
+Engine gauges are never read (``uses_engine_signals = False``), so the controller gives it no ``/metrics``
+scrape; the growth guard (:mod:`model_concurrency.guard`) runs beside it as beside every policy.
 """
 
 from __future__ import annotations
@@ -39,21 +44,32 @@ from model_concurrency.policies.base import PolicyBase
 __all__ = ["Gradient"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    target: float
+    concurrency: float
+    rate: float
+    latency: float
+
+
 @dataclass(slots=True)
 class Gradient(PolicyBase):
-    """Shrink as the short-term latency rises above the long-term baseline; grow while it does not.
+    """Double to the knee of completions per second, then hold the latency the knee had.
 
     Parameters:
-        tolerance: latency may rise to ``tolerance ×`` the baseline before the target shrinks (default 1.5).
-        min_gradient: the largest cut per poll, as the lower clamp of the gradient (default 0.5, in (0, 1]).
-        queue_size: smallest growth term (default 4, as Gradient2).
-        queue_fraction: growth term as a fraction of the target (default 0.25, in [0, 1)).
-        smoothing: weight of the new estimate per poll (default 0.5, in (0, 1]).
-        long_window: polls in the long-term latency EWMA (default 20).
-        short_window: polls in the short-term latency EWMA (default 1: the latest poll's mean).
-        long_decay: baseline decay when ``long / short > 2`` (default 0.95, in (0, 1]).
-        app_limited: hold while ``inflight < app_limited × target`` (default 0.5, as Gradient2).
-        throttle_factor: multiplicative cut on a poll with 429/503 responses (default 0.8, in (0, 1)).
+        tolerance: the setpoint as a multiple of the knee's latency (default 1.5: near the knee completions per second rise slowly with concurrency, so
+            the level before the failed doubling holds ~0.85 of the peak; 1.5 × its latency lands nearer the peak).
+        min_gradient: the largest cut per poll (default 0.5, in (0, 1]).
+        max_growth: the largest growth per poll (default 2.0, >= 1).
+        app_limited: no growth while peak in flight ``< app_limited × target`` (default 0.5, as Gradient2).
+        throttle_factor: multiplicative cut on a poll with 429/503 or failed calls (default 0.8, in (0, 1)).
+        slow_start_factor: growth per poll during startup (default 2.0, >= 1; 1 skips startup, and the first
+            poll's latency becomes the setpoint).
+        startup_exit: a doubling must raise completions per second by this factor to continue (default 1.15).
+        startup_latency_exit: a doubling that raised the mean latency by this factor or more went past the
+            knee, whatever the completions said (default 1.7; latency is shared by every client of the engine,
+            so this is what ends startup when several clients ramp at once).
+        min_calls: completions a poll needs before its rate and latency are trusted (default 10).
     """
 
     #: Works from this process's own latencies and 429/503s: a hosted endpoint has no /metrics page to scrape.
@@ -61,39 +77,25 @@ class Gradient(PolicyBase):
 
     tolerance: float = 1.5
     min_gradient: float = 0.5
-    queue_size: float = 4.0
-    queue_fraction: float = 0.25
-    smoothing: float = 0.5
-    long_window: float = 20.0
-    short_window: float = 1.0
-    long_decay: float = 0.95
+    max_growth: float = 2.0
     app_limited: float = 0.5
     throttle_factor: float = 0.8
     slow_start_factor: float = 2.0
     startup_exit: float = 1.15
-    restart_below: float = 0.25
-    long_latency: float | None = field(default=None, init=False)
-    short_latency: float | None = field(default=None, init=False)
+    startup_latency_exit: float = 1.7
+    min_calls: int = 10
+    setpoint: float | None = field(default=None, init=False)
     ramping: bool = field(default=True, init=False)
-    ramp_rate: float | None = field(default=None, init=False)
-    level: float = field(default=0.0, init=False)
+    last: _Sample | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        if not self.tolerance >= 1:
-            raise ValueError(f"tolerance must be >= 1, got {self.tolerance}")
+        if not self.tolerance > 0:
+            raise ValueError(f"tolerance must be > 0, got {self.tolerance}")
         if not 0 < self.min_gradient <= 1:
             raise ValueError(f"min_gradient must be in (0, 1], got {self.min_gradient}")
-        if not self.queue_size >= 0:
-            raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
-        if not 0 <= self.queue_fraction < 1:
-            raise ValueError(f"queue_fraction must be in [0, 1), got {self.queue_fraction}")
-        if not 0 < self.smoothing <= 1:
-            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
-        if not (self.long_window >= 1 and self.short_window >= 1):
-            raise ValueError("long_window and short_window must be >= 1 poll")
-        if not 0 < self.long_decay <= 1:
-            raise ValueError(f"long_decay must be in (0, 1], got {self.long_decay}")
+        if not self.max_growth >= 1:
+            raise ValueError(f"max_growth must be >= 1, got {self.max_growth}")
         if not 0 <= self.app_limited <= 1:
             raise ValueError(f"app_limited must be in [0, 1], got {self.app_limited}")
         if not 0 < self.throttle_factor < 1:
@@ -102,56 +104,57 @@ class Gradient(PolicyBase):
             raise ValueError(f"slow_start_factor must be >= 1, got {self.slow_start_factor}")
         if not self.startup_exit >= 1:
             raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
-        if not 0 <= self.restart_below < 1:
-            raise ValueError(f"restart_below must be in [0, 1), got {self.restart_below}")
+        if not self.startup_latency_exit > 1:
+            raise ValueError(f"startup_latency_exit must be > 1, got {self.startup_latency_exit}")
+        if not self.min_calls >= 1:
+            raise ValueError(f"min_calls must be >= 1, got {self.min_calls}")
 
-    def _update_latency(self, latency: float) -> tuple[float, float]:
-        if self.long_latency is None or self.short_latency is None:
-            self.long_latency = self.short_latency = latency
-            return latency, latency
-        long = self.long_latency + 2 / (self.long_window + 1) * (latency - self.long_latency)
-        short = self.short_latency + 2 / (self.short_window + 1) * (latency - self.short_latency)
-        if long > 2 * short:
-            long *= self.long_decay
-        self.long_latency, self.short_latency = long, short
-        return long, short
-
-    def _rate(self, obs: Observation) -> float | None:
-        """This process's completions per second since the previous poll (None on the first)."""
+    def _sample(self, target: float, obs: Observation) -> _Sample | None:
+        """This poll's interval, or None when too few calls finished in it to trust (or on the first poll)."""
         before, self.last_time = self.last_time, obs.time
-        if before is None or obs.time <= before:
+        latency = obs.client_latency_mean_s
+        if latency is None or not (math.isfinite(latency) and latency > 0) or obs.client_calls < self.min_calls:
             return None
-        return obs.client_calls / (obs.time - before)
+        rate = obs.client_calls / (obs.time - before) if before is not None and obs.time > before else math.nan
+        concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
+        return _Sample(target, concurrency, rate, latency)
 
-    def _ramp(self, target: float, rate: float | None) -> float | None:
-        """Slow start: double while a doubling still buys ``startup_exit`` × the completion rate; None once done."""
-        if not self.ramping:
-            return None
-        previous, self.ramp_rate = self.ramp_rate, rate
-        if previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
-            self.ramping, self.ramp_rate = False, None
-            return None
-        return target * self.slow_start_factor
+    def _end_startup(self, at: _Sample) -> None:
+        self.ramping, self.setpoint = False, self.tolerance * at.latency
 
     def next_target(self, target: float, obs: Observation) -> float:
-        rate = self._rate(obs)
-        if obs.client_throttled > 0:
-            self.ramping, self.ramp_rate = False, None
+        if obs.client_throttled > 0 or obs.client_errors > 0:
+            self.last = None
+            if self.ramping and self.setpoint is None:
+                self.ramping = False  # the setpoint is learned from the next clean poll
             return self.throttle_factor * target
-        latency = obs.client_latency_mean_s
-        if latency is None or not (math.isfinite(latency) and latency > 0):
+        sample, previous = self._sample(target, obs), self.last
+        if sample is None:
             return target
-        long, short = self._update_latency(latency)
-        if app_limited(obs, target, self.app_limited):
-            self.ramp_rate = None  # an application-limited poll says nothing about the last doubling
-            return target
-        if self.slow_start_factor > 1:
-            if target < self.restart_below * self.level:  # dropped far below (a metrics outage's floor)
-                self.ramping, self.level = True, 0.0
-            ramped = self._ramp(target, rate)
-            if ramped is not None:
-                return ramped
-        self.level = max(self.level, target)
-        gradient = min(1.0, max(self.min_gradient, self.tolerance * long / short))
-        estimate = target * gradient + max(self.queue_size, self.queue_fraction * target)
-        return (1 - self.smoothing) * target + self.smoothing * estimate
+        self.last = sample
+        limited = app_limited(obs, target, self.app_limited)
+        if self.ramping:
+            if limited:
+                self.last = None  # a poll that did not use its window says nothing about the last doubling
+                return target
+            if previous is not None and self._past_knee(previous, sample):
+                self._end_startup(previous)
+                return previous.target  # drain: back to the level before the doubling that bought nothing
+            if self.slow_start_factor > 1:
+                return target * self.slow_start_factor
+            self._end_startup(sample)
+        if self.setpoint is None:
+            self._end_startup(sample)
+        assert self.setpoint is not None
+        gradient = min(self.max_growth, max(self.min_gradient, self.setpoint / sample.latency))
+        if limited:
+            gradient = min(1.0, gradient)
+        return target * gradient
+
+    def _past_knee(self, before: _Sample, after: _Sample) -> bool:
+        """Whether the doubling from ``before`` to ``after`` bought too few completions or only latency."""
+        if after.latency >= self.startup_latency_exit * before.latency:
+            return True
+        if not (math.isfinite(after.rate) and math.isfinite(before.rate) and before.rate > 0):
+            return False
+        return after.rate < self.startup_exit * before.rate
