@@ -17,7 +17,9 @@ class Constant:
         return self.value
 
 
-def interval(t: float, concurrency: float, rate: float, latency: float, *, ok: bool = True, **extra: int) -> Observation:
+def interval(
+    t: float, concurrency: float, rate: float, latency: float, *, ok: bool = True, **extra: int
+) -> Observation:
     """One 10 s poll interval of a client that held ``concurrency`` in flight and finished ``rate`` calls/s."""
     return Observation(
         ok=ok,

@@ -146,7 +146,8 @@ class ControllerCore:
         trouble = "hand-over off" if not self.outage_handover else self.guard.trouble(obs)
         if self.outage_floored or trouble is not None:
             if not self.outage_floored:
-                log.warning("signals lost for %d polls and %s: the floor until they return", self.consecutive_failures, trouble)
+                failures = self.consecutive_failures
+                log.warning("signals lost for %d polls and %s: the floor until they return", failures, trouble)
             self.outage_floored = True
             self.target_value = float(self.lower)
         else:

@@ -75,7 +75,7 @@ class GrowthGuard:
             raise ValueError("window must be >= 2 and min_calls >= 1")
         if not (self.over_knee > 1 and self.latency_rise > 1 and self.outage_latency > 1):
             raise ValueError("over_knee, latency_rise and outage_latency must be > 1")
-        if not (0 <= self.rate_tolerance < 1 and 0 <= self.probe):
+        if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
             raise ValueError("rate_tolerance must be in [0, 1) and probe >= 0")
         self.samples = deque(maxlen=self.window)
 

@@ -57,8 +57,9 @@ class Gradient(PolicyBase):
     """Double to the knee of completions per second, then hold the latency the knee had.
 
     Parameters:
-        tolerance: the setpoint as a multiple of the knee's latency (default 1.5: near the knee completions per second rise slowly with concurrency, so
-            the level before the failed doubling holds ~0.85 of the peak; 1.5 × its latency lands nearer the peak).
+        tolerance: the setpoint as a multiple of the knee's latency (default 1.5: near the knee completions per
+            second rise slowly with concurrency, so the level before the failed doubling holds about 0.85 of the
+            peak; 1.5 × its latency lands nearer the peak).
         min_gradient: the largest cut per poll (default 0.5, in (0, 1]).
         max_growth: the largest growth per poll (default 2.0, >= 1).
         app_limited: no growth while peak in flight ``< app_limited × target`` (default 0.5, as Gradient2).
