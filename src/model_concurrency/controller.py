@@ -147,7 +147,7 @@ class ControllerCore:
         if self.outage_floored or trouble is not None:
             if not self.outage_floored:
                 failures = self.consecutive_failures
-                log.warning("signals lost for %d polls and %s: the floor until they return", failures, trouble)
+                log.info("signals lost for %d polls and %s: the floor until they return", failures, trouble)
             self.outage_floored = True
             self.target_value = float(self.lower)
         else:
