@@ -50,6 +50,7 @@ class _Sample:
     concurrency: float
     rate: float
     latency: float
+    queue: float = 0.0  # estimated seconds every call of the interval waited (see Gradient._queue)
 
 
 @dataclass(slots=True)
@@ -70,6 +71,9 @@ class Gradient(PolicyBase):
         startup_latency_exit: a doubling that raised the mean latency by this factor or more went past the
             knee, whatever the completions said (default 1.7; latency is shared by every client of the engine,
             so this is what ends startup when several clients ramp at once).
+        queue_tolerance: an estimated queue of this fraction of the service time or more means the level is past
+            the knee: startup ends, and in steady state the setpoint drops to the service time (default 0.5; the
+            estimate, from the fastest call of each poll, is noisy, so only a clear queue counts).
         min_calls: completions a poll needs before its rate and latency are trusted (default 10).
     """
 
@@ -84,10 +88,12 @@ class Gradient(PolicyBase):
     slow_start_factor: float = 2.0
     startup_exit: float = 1.15
     startup_latency_exit: float = 1.7
+    queue_tolerance: float = 0.5
     min_calls: int = 10
     setpoint: float | None = field(default=None, init=False)
     ramping: bool = field(default=True, init=False)
     last: _Sample | None = field(default=None, init=False)
+    fastest_ratio: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +113,8 @@ class Gradient(PolicyBase):
             raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
         if not self.startup_latency_exit > 1:
             raise ValueError(f"startup_latency_exit must be > 1, got {self.startup_latency_exit}")
+        if not self.queue_tolerance > 0:
+            raise ValueError(f"queue_tolerance must be > 0, got {self.queue_tolerance}")
         if not self.min_calls >= 1:
             raise ValueError(f"min_calls must be >= 1, got {self.min_calls}")
 
@@ -118,7 +126,25 @@ class Gradient(PolicyBase):
             return None
         rate = obs.client_calls / (obs.time - before) if before is not None and obs.time > before else math.nan
         concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
-        return _Sample(target, concurrency, rate, latency)
+        return _Sample(target, concurrency, rate, latency, self._queue(latency, obs.client_latency_min_s))
+
+    def _queue(self, mean: float, fastest: float | None) -> float:
+        """Seconds of waiting shared by every call of the interval: ``(min − r0 × mean) / (1 − r0)``.
+
+        A FIFO queue delays every call by about the same time, the fastest included, while batching slows calls
+        in proportion to their length. So with ``r0`` the lowest ``min / mean`` ever seen (an interval with no
+        queue), ``min = Q + r0 × S`` and ``mean = Q + S`` give the queue ``Q``. With identical calls ``r0`` is near
+        1 and the estimate stays near 0: the latency setpoint alone then decides.
+        """
+        if fastest is None or not (math.isfinite(fastest) and 0 <= fastest <= mean):
+            return 0.0
+        ratio = fastest / mean
+        self.fastest_ratio = ratio if self.fastest_ratio is None else min(self.fastest_ratio, ratio)
+        r0 = self.fastest_ratio
+        return 0.0 if r0 >= 1 else max(0.0, (fastest - r0 * mean) / (1 - r0))
+
+    def _queueing(self, sample: _Sample) -> bool:
+        return sample.queue >= self.queue_tolerance * (sample.latency - sample.queue)
 
     def _end_startup(self, at: _Sample) -> None:
         self.ramping, self.setpoint = False, self.tolerance * at.latency
@@ -147,6 +173,9 @@ class Gradient(PolicyBase):
         if self.setpoint is None:
             self._end_startup(sample)
         assert self.setpoint is not None
+        if self._queueing(sample):  # the setpoint let a queue build: it sits past the knee, so lower it
+            service = sample.latency - sample.queue
+            self.setpoint = min(self.setpoint, service)
         gradient = min(self.max_growth, max(self.min_gradient, self.setpoint / sample.latency))
         if limited:
             gradient = min(1.0, gradient)
@@ -154,7 +183,7 @@ class Gradient(PolicyBase):
 
     def _past_knee(self, before: _Sample, after: _Sample) -> bool:
         """Whether the doubling from ``before`` to ``after`` bought too few completions or only latency."""
-        if after.latency >= self.startup_latency_exit * before.latency:
+        if after.latency >= self.startup_latency_exit * before.latency or self._queueing(after):
             return True
         if not (math.isfinite(after.rate) and math.isfinite(before.rate) and before.rate > 0):
             return False
