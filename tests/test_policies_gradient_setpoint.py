@@ -55,14 +55,14 @@ def test_gradient_steers_to_the_setpoint_latency() -> None:
 
 def test_gradient_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
     policy = Gradient()
-    # Completions per 12 s poll: +100 %, +60 %, then +10 % (the pipe is full): 4, 8, 16, 32, then drain to 16.
+    # Completions per 12 s poll: +100 %, +60 %, then +5 % (the pipe is full): 4, 8, 16, 32, then drain to 32.
     assert policy.next_target(4, calls(1.0, t=0, n=50, inflight=4)) == 8
     assert policy.next_target(8, calls(1.0, t=12, n=50, inflight=8)) == 16
     assert policy.next_target(16, calls(1.1, t=24, n=100, inflight=16)) == 32
     assert policy.next_target(32, calls(1.2, t=36, n=160, inflight=32)) == 64
     assert policy.ramping
-    assert policy.next_target(64, calls(1.5, t=48, n=176, inflight=64)) == 32  # back to the level before
-    assert not policy.ramping and policy.setpoint == pytest.approx(1.5 * 1.2)
+    assert policy.next_target(64, calls(1.5, t=48, n=168, inflight=64)) == 32  # back to the level before
+    assert not policy.ramping and policy.setpoint == pytest.approx(1.1 * 1.2)
 
 
 def test_gradient_slow_start_ends_when_a_doubling_only_bought_latency() -> None:
@@ -71,7 +71,28 @@ def test_gradient_slow_start_ends_when_a_doubling_only_bought_latency() -> None:
     policy.next_target(32, calls(1.0, t=12, n=100, inflight=32))
     # Completions doubled (others' share, when several clients ramp) but latency rose 1.7×: past the knee.
     assert policy.next_target(64, calls(1.7, t=24, n=200, inflight=64)) == 32
-    assert policy.setpoint == 1.5
+    assert policy.setpoint == pytest.approx(1.1)
+
+
+def test_gradient_waits_a_poll_before_judging_a_doubling_when_calls_are_long() -> None:
+    policy = Gradient()
+    assert policy.next_target(16, calls(4.0, t=0, n=40, inflight=16)) == 32
+    # 4 s calls against 12 s polls (> settle × 12 s): this interval's completions started mostly before the
+    # doubling, so it looks like no gain; hold and judge on the next interval, against the level before.
+    assert policy.next_target(32, calls(4.5, t=12, n=40, inflight=32)) == 32
+    assert policy.ramping
+    assert policy.next_target(32, calls(4.5, t=24, n=70, inflight=32)) == 64
+    assert policy.ramping
+
+
+def test_gradient_queue_estimate_from_the_fastest_call_lowers_the_setpoint() -> None:
+    policy = steady(2.0)  # setpoint 3 s; r0 unknown until a fastest latency is seen
+    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=0.2)
+    assert policy.next_target(100, fast) == 150.0  # r0 = 0.1, no queue
+    # Every call waited: fastest 2.2 s of a 4 s mean → Q = (2.2 − 0.4) / 0.9 = 2 s ≥ 0.5 × the 2 s of service.
+    queued = Observation(time=24, inflight=100, client_calls=120, client_latency_mean_s=4.0, client_latency_min_s=2.2)
+    assert policy.next_target(100, queued) == pytest.approx(50.0)
+    assert policy.setpoint == pytest.approx(2.0)
 
 
 def test_gradient_cuts_on_throttling_or_errors_and_ignores_those_latencies() -> None:
@@ -83,7 +104,7 @@ def test_gradient_cuts_on_throttling_or_errors_and_ignores_those_latencies() -> 
     ramping = Gradient()
     assert ramping.next_target(4, calls(1.0, throttled=1)) == 3.2
     assert not ramping.ramping and ramping.setpoint is None
-    assert ramping.next_target(4, calls(1.0, t=12)) == 4 * 1.5  # the next clean poll sets it
+    assert ramping.next_target(4, calls(1.0, t=12)) == pytest.approx(4 * 1.1)  # the next clean poll sets it
 
 
 def test_gradient_application_limited_does_not_grow_but_cuts() -> None:
@@ -111,6 +132,8 @@ def test_gradient_rejects_bad_parameters() -> None:
         {"startup_exit": 0.9},
         {"startup_latency_exit": 1},
         {"min_calls": 0},
+        {"queue_tolerance": 0},
+        {"settle": -1},
     ):
         with pytest.raises(ValueError):
             Gradient(**bad)

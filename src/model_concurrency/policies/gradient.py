@@ -58,42 +58,48 @@ class Gradient(PolicyBase):
     """Double to the knee of completions per second, then hold the latency the knee had.
 
     Parameters:
-        tolerance: the setpoint as a multiple of the knee's latency (default 1.5: near the knee completions per
-            second rise slowly with concurrency, so the level before the failed doubling holds about 0.85 of the
-            peak; 1.5 × its latency lands nearer the peak).
+        tolerance: the setpoint as a multiple of the knee's latency (default 1.1: near the knee completions per
+            second rise slowly with concurrency, so a little above the last level that paid is still goodput;
+            1.0 gave 0.88-0.89 of the oracle on noisy-neighbor and replica-lost; 1.2 and 1.5 queue more).
         min_gradient: the largest cut per poll (default 0.5, in (0, 1]).
         max_growth: the largest growth per poll (default 2.0, >= 1).
         app_limited: no growth while peak in flight ``< app_limited × target`` (default 0.5, as Gradient2).
         throttle_factor: multiplicative cut on a poll with 429/503 or failed calls (default 0.8, in (0, 1)).
         slow_start_factor: growth per poll during startup (default 2.0, >= 1; 1 skips startup, and the first
             poll's latency becomes the setpoint).
-        startup_exit: a doubling must raise completions per second by this factor to continue (default 1.15).
+        startup_exit: a doubling must raise completions per second by this factor to continue (default 1.1:
+            on ``ramp`` the doubling 128 → 256 buys 12 %, and 256 is the knee).
         startup_latency_exit: a doubling that raised the mean latency by this factor or more went past the
             knee, whatever the completions said (default 1.7; latency is shared by every client of the engine,
             so this is what ends startup when several clients ramp at once).
         queue_tolerance: an estimated queue of this fraction of the service time or more means the level is past
             the knee: startup ends, and in steady state the setpoint drops to the service time (default 0.5; the
             estimate, from the fastest call of each poll, is noisy, so only a clear queue counts).
+        settle: during startup, when the mean latency exceeds this fraction of the poll interval, a doubling is
+            judged on the second interval after it, not the first (default 0.25; 0 never waits).
         min_calls: completions a poll needs before its rate and latency are trusted (default 10).
     """
 
     #: Works from this process's own latencies and 429/503s: a hosted endpoint has no /metrics page to scrape.
     uses_engine_signals: ClassVar[bool] = False
 
-    tolerance: float = 1.5
+    tolerance: float = 1.1
     min_gradient: float = 0.5
     max_growth: float = 2.0
     app_limited: float = 0.5
     throttle_factor: float = 0.8
     slow_start_factor: float = 2.0
-    startup_exit: float = 1.15
+    startup_exit: float = 1.1
     startup_latency_exit: float = 1.7
     queue_tolerance: float = 0.5
+    settle: float = 0.25
     min_calls: int = 10
     setpoint: float | None = field(default=None, init=False)
     ramping: bool = field(default=True, init=False)
     last: _Sample | None = field(default=None, init=False)
     fastest_ratio: float | None = field(default=None, init=False)
+    settled: bool = field(default=False, init=False)
+    polled_at: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +119,8 @@ class Gradient(PolicyBase):
             raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
         if not self.startup_latency_exit > 1:
             raise ValueError(f"startup_latency_exit must be > 1, got {self.startup_latency_exit}")
+        if not self.settle >= 0:
+            raise ValueError(f"settle must be >= 0, got {self.settle}")
         if not self.queue_tolerance > 0:
             raise ValueError(f"queue_tolerance must be > 0, got {self.queue_tolerance}")
         if not self.min_calls >= 1:
@@ -164,6 +172,14 @@ class Gradient(PolicyBase):
             if limited:
                 self.last = None  # a poll that did not use its window says nothing about the last doubling
                 return target
+            dt = obs.time - (self.polled_at if self.polled_at is not None else obs.time)
+            self.polled_at = obs.time
+            if previous is not None and not self.settled and sample.latency > self.settle * dt:
+                # Calls last long against the poll: this interval's completions mostly started before the
+                # doubling. Judge the doubling on the next interval, against the same level before it.
+                self.settled, self.last = True, previous
+                return target
+            self.settled = False
             if previous is not None and self._past_knee(previous, sample):
                 self._end_startup(previous)
                 return previous.target  # drain: back to the level before the doubling that bought nothing
