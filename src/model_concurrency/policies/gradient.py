@@ -11,15 +11,20 @@ stops far below the knee, and a long EWMA follows the rise and never cuts. What 
 full-pipe signal: a doubling of concurrency that no longer buys completions. So:
 
 * **startup**: double per poll while a doubling raised this process's completions per second by at least
-  ``startup_exit`` (BBR's full-pipe test, on client counts only). The first doubling that did not went past the
-  knee: go back to the level before it (BBR's drain) and take that level's mean latency × ``tolerance`` as the
-  **setpoint** — the latency the engine shows at its knee. It is a property of the engine and the workload, not
-  of how many engines serve it, so it survives replicas added or lost and other tenants' load;
+  ``startup_exit`` (BBR's full-pipe test, on client counts only) and latency by less than
+  ``startup_latency_exit``; with calls long against the poll, judged on the second interval after a doubling.
+  The first doubling that did not went past the knee: go back to the level before it (BBR's drain) and take that
+  level's mean latency × ``tolerance`` as the **setpoint**, the latency the engine shows at its knee. It is a
+  property of the engine and the workload, not of how many engines serve it, so it survives replicas added or
+  lost and other tenants' load;
 * **steady state**: ``next = target × clamp(setpoint / latency, min_gradient, max_growth)``, with ``latency``
   the mean of the calls that finished since the previous poll. Past the knee latency grows in proportion to
   concurrency, so one step lands on it; below it latency grows more slowly, so steps shrink as it is approached.
   Every client sees the same latency, so many clients converge together (Vegas-like), where a per-client
   throughput gradient would not (each client's own rate keeps rising with its window by taking others' share);
+* **queue estimate** (:meth:`Gradient._queue`): from each poll's fastest call, the seconds every call waited.
+  A clear queue ends startup and, in steady state, lowers the setpoint to the service time (a setpoint learned
+  past the knee, as when several clients ramp at once);
 * **throttled** (any 429/503) or failed calls: ``next = throttle_factor × target`` (multiplicative decrease),
   startup ends and that poll's latency is not used (fast rejections would look like room). A throttled call never
   counts as a completion (the gate records it as an error);
