@@ -31,6 +31,8 @@ floor = 4
 ceiling = 512
 poll_s = 12
 grace_polls = 3
+guard = true            # the client-side growth guard (false: the policy's answer unchanged)
+outage_handover = true  # after the grace, hold while own calls look healthy (false: the floor)
 
 [background]            # open-loop traffic from other tenants (gamma arrivals; burstiness 1 = Poisson)
 rate_rps = 0.0
