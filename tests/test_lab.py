@@ -98,17 +98,30 @@ def test_multi_client_gets_independent_policies() -> None:
     assert len(trace.clients) == 4
 
 
-def test_metrics_outage_holds_then_drops_to_floor() -> None:
-    sc = load_scenario(SIMS / "metrics-outage.toml")
+def outage_polls(handover: bool) -> tuple[dict[float, float], float, list[float], int]:
+    sc = load_scenario(SIMS / "metrics-outage.toml").scaled(0.5)  # /metrics down from 300 to 360 s
+    sc = dataclasses.replace(sc, clients=dataclasses.replace(sc.clients, outage_handover=handover))
     trace = simulate(sc, policy_factory=AIMD)  # type: ignore[arg-type]
     client = trace.clients[0]
     polls = dict(zip(client.poll_times.tolist(), client.poll_targets.tolist(), strict=True))
-    before = [t for t in polls if t < 600][-1]
-    outage = [t for t in polls if 600 <= t < 720]
+    down, up = (e.at_s for e in sc.events)
+    before = [t for t in polls if t < down][-1]
+    return polls, before, [t for t in polls if down <= t < up], sc.clients.floor
+
+
+def test_metrics_outage_hands_over_to_the_guard_after_the_grace() -> None:
+    polls, before, outage, floor = outage_polls(handover=True)
+    # The engine is fine and the client's calls say so: the last good target holds through the whole outage.
+    assert len(outage) > 3 and polls[before] > floor
+    assert [polls[t] for t in outage] == [polls[before]] * len(outage)
+
+
+def test_metrics_outage_without_the_hand_over_holds_then_drops_to_floor() -> None:
+    polls, before, outage, floor = outage_polls(handover=False)
     # Three failed polls hold the last good target; the fourth drops to the floor; recovery ramps again.
     assert [polls[t] for t in outage[:3]] == [polls[before]] * 3
-    assert all(polls[t] == sc.clients.floor for t in outage[3:])
-    assert max(polls[t] for t in polls if t > 720) > sc.clients.floor
+    assert outage[3:] and all(polls[t] == floor for t in outage[3:])
+    assert max(polls[t] for t in polls if t > outage[-1] + 12) > floor
 
 
 def test_sweep_knee_definition() -> None:
