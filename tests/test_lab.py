@@ -18,7 +18,7 @@ from model_concurrency.lab.oracle import Oracle, Sweep
 from model_concurrency.lab.run import run_scenario, simulate
 from model_concurrency.lab.scenario import load_scenario, scenario_from_dict
 from model_concurrency.lab.summary import SUMMARY_KEYS, jain_index
-from model_concurrency.lab.world import Phase, phases
+from model_concurrency.lab.world import Phase, phases, preset_for
 from model_concurrency.policies.registry import load_policy
 
 SIMS = Path(__file__).resolve().parents[1] / "sims"
@@ -99,17 +99,30 @@ def test_multi_client_gets_independent_policies() -> None:
     assert len(trace.clients) == 4
 
 
-def test_metrics_outage_holds_then_drops_to_floor() -> None:
-    sc = load_scenario(SIMS / "metrics-outage.toml")
+def outage_polls(handover: bool) -> tuple[dict[float, float], float, list[float], int]:
+    sc = load_scenario(SIMS / "metrics-outage.toml").scaled(0.5)  # /metrics down from 300 to 360 s
+    sc = dataclasses.replace(sc, clients=dataclasses.replace(sc.clients, outage_handover=handover))
     trace = simulate(sc, policy_factory=AIMD)  # type: ignore[arg-type]
     client = trace.clients[0]
     polls = dict(zip(client.poll_times.tolist(), client.poll_targets.tolist(), strict=True))
-    before = [t for t in polls if t < 600][-1]
-    outage = [t for t in polls if 600 <= t < 720]
+    down, up = (e.at_s for e in sc.events)
+    before = [t for t in polls if t < down][-1]
+    return polls, before, [t for t in polls if down <= t < up], sc.clients.floor
+
+
+def test_metrics_outage_hands_over_to_the_guard_after_the_grace() -> None:
+    polls, before, outage, floor = outage_polls(handover=True)
+    # The engine is fine and the client's calls say so: the last good target holds through the whole outage.
+    assert len(outage) > 3 and polls[before] > floor
+    assert [polls[t] for t in outage] == [polls[before]] * len(outage)
+
+
+def test_metrics_outage_without_the_hand_over_holds_then_drops_to_floor() -> None:
+    polls, before, outage, floor = outage_polls(handover=False)
     # Three failed polls hold the last good target; the fourth drops to the floor; recovery ramps again.
     assert [polls[t] for t in outage[:3]] == [polls[before]] * 3
-    assert all(polls[t] == sc.clients.floor for t in outage[3:])
-    assert max(polls[t] for t in polls if t > 720) > sc.clients.floor
+    assert outage[3:] and all(polls[t] == floor for t in outage[3:])
+    assert max(polls[t] for t in polls if t > outage[-1] + 12) > floor
 
 
 def test_sweep_knee_definition() -> None:
@@ -168,3 +181,29 @@ def test_items_budget_finishes_every_item() -> None:
     )  # type: ignore[attr-defined]
     trace = simulate(sc, policy_factory=AIMD)  # type: ignore[arg-type]
     assert trace.total_completions == 2000
+
+
+def test_fleet_frontend_overrides_the_presets_api_server_cost() -> None:
+    sc = load_scenario(SIMS / "front-end-bound.toml")
+    assert preset_for(sc).frontend.fixed_ms == 6.0 and preset_for(sc).frontend.workers == 1
+    with pytest.raises(ValueError, match=r"\[fleet.frontend\] has unknown keys \['cpus'\]"):
+        scenario_from_dict({"name": "x", "fleet": {"preset": "bge-m3", "frontend": {"cpus": 2}}})
+    with pytest.raises(ValueError, match=r"fleet\.frontend\.workers"):
+        scenario_from_dict({"name": "x", "fleet": {"preset": "bge-m3", "frontend": {"workers": "two"}}})
+    with pytest.raises(ValueError, match=r"\[fleet.frontend\] workers must be >= 1"):
+        scenario_from_dict({"name": "x", "fleet": {"preset": "bge-m3", "frontend": {"workers": 0}}})
+
+
+def test_growth_guard_stops_growth_a_front_end_limit_makes_useless() -> None:
+    """adaptive sees an engine that never queues; only the guard, from the client's own calls, stops it."""
+    sc = small("front-end-bound", 0.3)
+    runs = {}
+    for guard in (True, False):
+        scenario = dataclasses.replace(sc, clients=dataclasses.replace(sc.clients, guard=guard))
+        runs[guard] = simulate(scenario, policy_factory=lambda: load_policy("adaptive"))
+    on, off = runs[True], runs[False]
+    assert off.clients[0].poll_targets.max() == sc.clients.ceiling  # without it: the ceiling
+    assert on.clients[0].poll_targets.max() < sc.clients.ceiling / 4
+    completions = [r.clients[0].completions[-1] for r in (on, off)]
+    assert completions[0] >= 0.97 * completions[1]  # the same goodput...
+    assert np.percentile(on.latencies, 99) < np.percentile(off.latencies, 99) / 4  # ...at a fraction of the latency

@@ -12,123 +12,128 @@ from model_concurrency.policies import Gradient, Setpoint
 
 
 # -- gradient ------------------------------------------------------------------------------------------------------
-def calls(latency: float | None, *, inflight: int = 100, throttled: int = 0, **gauges: Any) -> Observation:
+def calls(
+    latency: float | None,
+    *,
+    t: float = 0.0,
+    n: int = 120,
+    inflight: int = 100,
+    throttled: int = 0,
+    errors: int = 0,
+    **gauges: Any,
+) -> Observation:
     """An ok poll of an endpoint without /metrics: zero gauges unless given; only the client's own figures."""
     return Observation(
+        time=t,
         inflight=inflight,
-        client_calls=10,
+        client_calls=n,
         client_throttled=throttled,
+        client_errors=errors,
         client_latency_mean_s=latency,
         **gauges,
     )
 
 
-def test_gradient_grows_at_steady_latency() -> None:
-    policy = Gradient(slow_start_factor=1)
-    # First sample: long = short = 1 s, gradient min(1, 1.5) = 1; 0.5 × 100 + 0.5 × (100 + 25) = 112.5.
-    assert policy.next_target(100, calls(1.0)) == 112.5
-    assert policy.next_target(100, calls(1.0)) == 112.5
-    # Small targets grow by the constant queue_size: 0.5 × 8 + 0.5 × (8 + 4) = 10.
-    assert policy.next_target(8, calls(1.0)) == 10.0
+def steady(setpoint_latency: float = 2.0, *, tolerance: float = 1.5) -> Gradient:
+    """A policy past startup whose setpoint is ``tolerance × setpoint_latency``."""
+    policy = Gradient(slow_start_factor=1, tolerance=tolerance)
+    assert policy.next_target(100, calls(setpoint_latency, inflight=100)) == 100 * min(2.0, tolerance)
+    assert policy.setpoint == tolerance * setpoint_latency and not policy.ramping
+    return policy
 
 
-def test_gradient_shrinks_on_a_latency_step() -> None:
-    policy = Gradient(long_window=9, slow_start_factor=1)  # a_long = 0.2, short = the latest poll's mean
-    policy.next_target(100, calls(1.0))
-    # Step to 3 s: long = 1 + 0.2 × 2 = 1.4, short = 3, gradient = 1.5 × 1.4 / 3 = 0.7;
-    # new = 0.5 × 100 + 0.5 × (70 + 25) = 97.5.
-    assert policy.next_target(100, calls(3.0)) == pytest.approx(97.5, rel=1e-12)
-    # Worse: long = 1.4 + 0.2 × 4.6 = 2.32, gradient = 1.5 × 2.32 / 6 = 0.58; 0.5 × 100 + 0.5 × 83 = 91.5.
-    assert policy.next_target(100, calls(6.0)) == pytest.approx(91.5, rel=1e-12)
-    assert policy.long_latency == pytest.approx(2.32, rel=1e-12)
-
-
-def test_gradient_is_clamped_at_min_gradient() -> None:
-    policy = Gradient(long_window=9, slow_start_factor=1)
-    policy.next_target(100, calls(1.0))
-    # long = 2.8, short = 10: 1.5 × 0.28 = 0.42 → 0.5; 0.5 × 100 + 0.5 × (50 + 25) = 87.5.
-    assert policy.next_target(100, calls(10.0)) == 87.5
-
-
-def test_gradient_application_limited_hold_still_learns_latency() -> None:
-    policy = Gradient(long_window=9, slow_start_factor=1)
-    assert policy.next_target(100, calls(1.0, inflight=49)) == 100.0
-    assert policy.long_latency == 1.0
-    assert policy.next_target(100, calls(2.0, inflight=49)) == 100.0
-    assert policy.long_latency == pytest.approx(1.2)
-
-
-def test_gradient_shrinks_on_throttling_and_ignores_those_latencies() -> None:
-    policy = Gradient(slow_start_factor=1)
-    policy.next_target(100, calls(2.0))
-    assert policy.next_target(100, calls(0.01, throttled=3)) == 80.0
-    assert policy.next_target(100, calls(0.01, throttled=1, inflight=0)) == 80.0  # even when app-limited
-    assert policy.long_latency == 2.0 and policy.short_latency == 2.0
-
-
-def test_gradient_holds_without_latency_and_ignores_engine_gauges() -> None:
-    policy = Gradient(slow_start_factor=1)
-    assert policy.next_target(100, calls(None)) == 100.0
-    assert policy.long_latency is None
-    loaded = Gradient(slow_start_factor=1)
-    gauges: dict[str, Any] = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
-    assert (
-        loaded.next_target(100, calls(1.0, **gauges))
-        == Gradient(slow_start_factor=1).next_target(100, calls(1.0))
-        == 112.5
-    )
-
-
-def test_gradient_decays_a_dragged_up_baseline() -> None:
-    policy = Gradient(long_window=9, slow_start_factor=1)
-    policy.next_target(100, calls(10.0))
-    policy.next_target(100, calls(1.0))
-    # long = 10 + 0.2 × (1 − 10) = 8.2 > 2 × short (1): decayed to 8.2 × 0.95.
-    assert policy.long_latency == pytest.approx(7.79, rel=1e-12)
-
-
-def ramp_poll(time: float, completed: int, *, inflight: int = 100, latency: float = 1.0) -> Observation:
-    return Observation(inflight=inflight, time=time, client_calls=completed, client_latency_mean_s=latency)
+def test_gradient_steers_to_the_setpoint_latency() -> None:
+    policy = steady(2.0)  # setpoint 3 s
+    # Past the knee latency grows with concurrency: 6 s at 100 → 3/6 → 50, the knee in one step.
+    assert policy.next_target(100, calls(6.0, t=12)) == 50.0
+    assert policy.next_target(100, calls(4.0, t=24)) == 75.0
+    # Below it, growth is the ratio, capped at max_growth; a cut is capped at min_gradient.
+    assert policy.next_target(100, calls(2.4, t=36)) == 125.0
+    assert policy.next_target(100, calls(0.5, t=48)) == 200.0
+    assert policy.next_target(100, calls(60.0, t=60)) == 50.0
 
 
 def test_gradient_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
     policy = Gradient()
-    # Completions per 12 s poll: +100 %, +60 %, then +10 % (the pipe is full): 4, 8, 16, 32, then the Gradient2 rule.
-    targets = [4.0]
-    for i, completed in enumerate([0, 10, 20, 32, 35]):
-        t = targets[-1]
-        targets.append(policy.next_target(t, ramp_poll(12.0 * i, completed, inflight=int(t))))
-    # The fifth poll ends the ramp and applies the rule: 0.5 × 64 + 0.5 × (64 + max(4, 16)) = 72.
-    assert targets == [4, 8, 16, 32, 64, 72]
-    assert policy.ramping is False and policy.level == 64
+    # Completions per 12 s poll: +100 %, +60 %, then +5 % (the pipe is full): 4, 8, 16, 32, then drain to 32.
+    assert policy.next_target(4, calls(1.0, t=0, n=50, inflight=4)) == 8
+    assert policy.next_target(8, calls(1.0, t=12, n=50, inflight=8)) == 16
+    assert policy.next_target(16, calls(1.1, t=24, n=100, inflight=16)) == 32
+    assert policy.next_target(32, calls(1.2, t=36, n=160, inflight=32)) == 64
+    assert policy.ramping
+    assert policy.next_target(64, calls(1.5, t=48, n=168, inflight=64)) == 32  # back to the level before
+    assert not policy.ramping and policy.setpoint == pytest.approx(1.1 * 1.2)
 
 
-def test_gradient_restarts_slow_start_after_a_drop_below_a_quarter_of_its_level() -> None:
+def test_gradient_slow_start_ends_when_a_doubling_only_bought_latency() -> None:
     policy = Gradient()
-    policy.ramping, policy.level = False, 400.0
-    policy.next_target(400, ramp_poll(0.0, 100, inflight=400))  # sets last_time; 400 + 50 → 450
-    # The controller's fail-safe put it at the floor (4 < 0.25 × 450): doubling again, first poll without a rate test.
-    assert policy.next_target(4, ramp_poll(96.0, 3, inflight=4)) == 8
-    assert policy.ramping is True and policy.level == 0.0
+    policy.next_target(16, calls(1.0, t=0, inflight=16))
+    policy.next_target(32, calls(1.0, t=12, n=100, inflight=32))
+    # Completions doubled (others' share, when several clients ramp) but latency rose 1.7×: past the knee.
+    assert policy.next_target(64, calls(1.7, t=24, n=200, inflight=64)) == 32
+    assert policy.setpoint == pytest.approx(1.1)
 
 
-def test_gradient_throttling_ends_slow_start() -> None:
+def test_gradient_waits_a_poll_before_judging_a_doubling_when_calls_are_long() -> None:
     policy = Gradient()
-    assert policy.next_target(64, ramp_poll(0.0, 10)) == 128
-    assert policy.next_target(128, calls(0.01, throttled=2)) == pytest.approx(102.4)
-    assert policy.ramping is False
+    assert policy.next_target(16, calls(4.0, t=0, n=40, inflight=16)) == 32
+    # 4 s calls against 12 s polls (> settle × 12 s): this interval's completions started mostly before the
+    # doubling, so it looks like no gain; hold and judge on the next interval, against the level before.
+    assert policy.next_target(32, calls(4.5, t=12, n=40, inflight=32)) == 32
+    assert policy.ramping
+    assert policy.next_target(32, calls(4.5, t=24, n=70, inflight=32)) == 64
+    assert policy.ramping
+
+
+def test_gradient_queue_estimate_from_the_fastest_call_lowers_the_setpoint() -> None:
+    policy = steady(2.0)  # setpoint 3 s; r0 unknown until a fastest latency is seen
+    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=0.2)
+    assert policy.next_target(100, fast) == 150.0  # r0 = 0.1, no queue
+    # Every call waited: fastest 2.2 s of a 4 s mean → Q = (2.2 − 0.4) / 0.9 = 2 s ≥ 0.5 × the 2 s of service.
+    queued = Observation(time=24, inflight=100, client_calls=120, client_latency_mean_s=4.0, client_latency_min_s=2.2)
+    assert policy.next_target(100, queued) == pytest.approx(50.0)
+    assert policy.setpoint == pytest.approx(2.0)
+
+
+def test_gradient_cuts_on_throttling_or_errors_and_ignores_those_latencies() -> None:
+    policy = steady(2.0)
+    assert policy.next_target(100, calls(0.01, t=12, throttled=3)) == 80.0
+    assert policy.next_target(100, calls(0.01, t=24, throttled=1, inflight=0)) == 80.0  # even when app-limited
+    assert policy.next_target(100, calls(0.01, t=36, errors=2)) == 80.0
+    assert policy.setpoint == 3.0
+    ramping = Gradient()
+    assert ramping.next_target(4, calls(1.0, throttled=1)) == 3.2
+    assert not ramping.ramping and ramping.setpoint is None
+    assert ramping.next_target(4, calls(1.0, t=12)) == pytest.approx(4 * 1.1)  # the next clean poll sets it
+
+
+def test_gradient_application_limited_does_not_grow_but_cuts() -> None:
+    policy = steady(2.0)
+    assert policy.next_target(100, calls(1.0, t=12, inflight=49)) == 100.0
+    assert policy.next_target(100, calls(6.0, t=24, inflight=49)) == 50.0
+
+
+def test_gradient_holds_without_enough_calls_and_ignores_engine_gauges() -> None:
+    policy = steady(2.0)
+    assert policy.next_target(100, calls(None, t=12)) == 100.0
+    assert policy.next_target(100, calls(9.0, t=24, n=9)) == 100.0  # fewer than min_calls
+    gauges: dict[str, Any] = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
+    assert steady(2.0).next_target(100, calls(2.4, t=12, **gauges)) == 125.0
 
 
 def test_gradient_rejects_bad_parameters() -> None:
     for bad in (
-        {"tolerance": 0.9},
+        {"tolerance": 0},
         {"min_gradient": 0},
-        {"smoothing": 0},
-        {"queue_fraction": 1},
-        {"long_window": 0},
+        {"max_growth": 0.5},
+        {"app_limited": 1.5},
+        {"throttle_factor": 1},
         {"slow_start_factor": 0.5},
         {"startup_exit": 0.9},
-        {"restart_below": 1.0},
+        {"startup_latency_exit": 1},
+        {"min_calls": 0},
+        {"queue_tolerance": 0},
+        {"settle": -1},
     ):
         with pytest.raises(ValueError):
             Gradient(**bad)

@@ -7,10 +7,15 @@ on simulated time. :class:`CallRecorder` tallies this process's calls between po
 :class:`~model_concurrency.runtime.ModelRuntime`, which does the I/O and keeps the schedule.
 
 Fail-safe rules (docs/operations.md): the target starts at the floor; a failed poll holds the last good target
-while no more than ``grace_polls`` consecutive polls have failed, and the next failure drops it to the floor;
-observations with non-finite or negative values count as failed polls; a policy that raises or answers NaN
-holds. The target is always clamped to ``[floor, max(floor, ceiling)]``: the floor (the static configuration)
-wins over a ceiling set below it.
+while no more than ``grace_polls`` consecutive polls have failed. After the grace the target is handed over to
+the client-side :class:`~model_concurrency.guard.GrowthGuard`, which keeps the last good target (or less) for as
+long as this process's own calls look as they did while the signals were good, and drops it to the floor, for
+the rest of the outage, on the first poll where they do not (failed or throttled calls, latency past 1.5 x its
+baseline, or no completed call to judge by). ``outage_handover=False`` restores the plain drop to the floor.
+Observations with non-finite or negative values count as failed polls; a policy that raises or answers NaN
+holds. After the policy proposes, the guard may lower (never raise) the proposal when growth bought no
+completions. The target is always clamped to ``[floor, max(floor, ceiling)]``: the floor (the static
+configuration) wins over a ceiling set below it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import math
 import threading
 from dataclasses import dataclass, field, fields
 
+from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls
 
@@ -58,6 +64,9 @@ class ControllerCore:
     last_snapshot: EngineSnapshot | None = None
     # Tokens weighted calls may hold at once (a policy answering a Target with tokens); None: not enforced.
     token_budget: int | None = field(default=None, init=False)
+    guard: GrowthGuard = field(default_factory=GrowthGuard)
+    outage_handover: bool = True
+    outage_floored: bool = False
 
     def __post_init__(self) -> None:
         self.target_value = float(self.lower)
@@ -104,6 +113,7 @@ class ControllerCore:
         if problem is not None:
             return self._fail(obs, f"implausible observation: {problem}")
         self.consecutive_failures = 0
+        self.outage_floored = False
         self.last_ok, self.last_error, self.last_observation = True, None, obs
         try:
             answer = self.policy.next_target(self.target_value, obs)
@@ -111,10 +121,12 @@ class ControllerCore:
         except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
             self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
             log.error("%s; holding the target", self.last_error)
-            return self.target
-        if math.isfinite(proposed):
-            self.target_value = self._clamp(proposed)
+            answer, proposed = None, math.nan
+        if not math.isfinite(proposed):
+            proposed = self.target_value
+        elif answer is not None:
             self.token_budget = _tokens(answer)
+        self.target_value = self._clamp(min(proposed, self.guard.bound(self.target_value, proposed, obs)))
         return self.target
 
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
@@ -128,11 +140,24 @@ class ControllerCore:
         return pinned if pinned is not None else self.grace_polls
 
     def _fail(self, obs: Observation, reason: str) -> int:
+        """Grace, then the hand-over to the guard (or the floor): the target never rises during an outage."""
         self.consecutive_failures += 1
         self.last_ok, self.last_error, self.last_observation = False, reason, obs
-        if self.consecutive_failures > self.effective_grace_polls:
+        held = self.target_value
+        bounded = min(held, self.guard.bound(held, held, obs, good=False))
+        if self.consecutive_failures <= self.effective_grace_polls:
+            self.target_value = self._clamp(bounded)
+            return self.target
+        trouble = "hand-over off" if not self.outage_handover else self.guard.trouble(obs)
+        if self.outage_floored or trouble is not None:
+            if not self.outage_floored:
+                failures = self.consecutive_failures
+                log.info("signals lost for %d polls and %s: the floor until they return", failures, trouble)
+            self.outage_floored = True
             self.target_value = float(self.lower)
             self.token_budget = None  # the floor is a count: without fresh signals no token figure is trusted
+        else:
+            self.target_value = self._clamp(bounded)
         return self.target
 
 

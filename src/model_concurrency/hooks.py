@@ -2,8 +2,10 @@
 
 ``resolve_capacity(model)`` is the one an application uses: the static capacity as the floor, raised by the
 adaptive controller when the flag is on and the model has a metrics endpoint. It never raises: an unknown model
-gets 1 (with one warning per name), a broken endpoint gets the floor after its grace polls, the flag off gets
-exactly the static path with no scrape at all.
+gets 1 (with one warning per name), a broken endpoint keeps its last good target through the grace polls and
+then for as long as this process's own calls look healthy (the floor as soon as they do not: failed or throttled
+calls, latency past its baseline, nothing finished; docs/operations.md), the flag off gets exactly the static
+path with no scrape at all.
 
 Used alone, with nothing in this process counting the model's calls in flight (no ``map_concurrent``, no
 ``slot``), the hook's runtime judges use from the engine's ``running``, as the original hook did, and logs that

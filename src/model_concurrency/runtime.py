@@ -81,8 +81,17 @@ def poll_step(
     Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
     measures is the decision production makes.
     """
-    if snapshot is None:
-        return core.fail(now, reason or "no snapshot", inflight=usage.inflight)
+    if snapshot is None:  # the client's own calls still go in: the guard judges an outage from them
+        failed = observe(
+            None,
+            None,
+            inflight=usage.inflight,
+            inflight_peak=usage.peak,
+            inflight_mean=usage.mean,
+            time=now,
+            calls=calls,
+        )
+        return core.update(failed, reason or "no snapshot")
     obs = observe(
         snapshot,
         core.last_snapshot,
@@ -236,6 +245,8 @@ class ModelRuntime:
     def _refresh_knobs(self) -> None:
         self.core.poll_interval_s = setting(*config.POLL_S)
         self.core.grace_polls = setting(*config.GRACE_POLLS)
+        self.core.guard.enabled = setting(*config.GROWTH_GUARD)
+        self.core.outage_handover = setting(*config.OUTAGE_HANDOVER)
         self.core.set_bounds(self.floor, setting(*config.MAX_CONCURRENCY))
         if isinstance(self.source, (VllmMetricsSource, PrometheusSource)):
             timeout = setting(*config.TIMEOUT_S)

@@ -35,7 +35,7 @@ from model_concurrency.engine.request import Request
 from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, UsageMeter
 from model_concurrency.observation import EngineSnapshot
-from model_concurrency.policies.base import Policy
+from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import poll_step
 
 __all__ = ["ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
@@ -144,6 +144,8 @@ class SimClient:
         first_poll_s: float = 0.0,
         items: int | None = None,
         metrics_up: Callable[[], bool] = lambda: True,
+        guard: bool = True,
+        outage_handover: bool = True,
         name: str = "client",
     ) -> None:
         if (policy is None) == (schedule is None):
@@ -161,7 +163,11 @@ class SimClient:
             ceiling=ceiling,
             grace_polls=grace_polls,
             poll_interval_s=poll_s,
+            outage_handover=outage_handover,
         )
+        self.core.guard.enabled = guard
+        # A client-side policy is given no engine signal, as production gives it ClientOnlySource.
+        self.engine_signals = policy is not None and uses_engine_signals(policy)
         start = schedule.limit_at(0.0) if schedule is not None else self.core.target
         self.limiter: LimiterCore[simpy.Event] = LimiterCore(start, schedule.budget_at(0.0) if schedule else None)
         self.usage = UsageMeter(env.now)
@@ -273,8 +279,8 @@ class SimClient:
         while True:
             now = env.now
             core.begin_poll(now)
-            snapshot = None
-            if self.metrics_up():
+            snapshot = None if self.engine_signals else EngineSnapshot()
+            if self.engine_signals and self.metrics_up():
                 try:
                     snapshot = self.target.snapshot()
                 except ConnectionError:

@@ -89,6 +89,8 @@ def simulate(
                 first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
                 items=c.items,
                 metrics_up=lambda: world.metrics_up,
+                guard=c.guard,
+                outage_handover=c.outage_handover,
                 name=f"client-{i}",
             )
         )

@@ -16,6 +16,8 @@ replicas = 1
 balancer = "least-loaded"   # or "round-robin"
 [fleet.engine]          # overrides of the preset's fields
 max_num_seqs = 256
+[fleet.frontend]        # overrides of the preset's API-server cost (FrontEndCost: fixed_ms, per_token_ms,
+workers = 1             # workers, latency_ms): a front-end that limits before the engine does
 
 [workload]              # what each fan-out item asks of the model
 prompt_tokens = 512     # mean; lognormal with sigma prompt_sigma (0 = fixed)
@@ -29,6 +31,8 @@ floor = 4
 ceiling = 512
 poll_s = 12
 grace_polls = 3
+guard = true            # the client-side growth guard (false: the policy's answer unchanged)
+outage_handover = true  # after the grace, hold while own calls look healthy (false: the floor)
 
 [background]            # open-loop traffic from other tenants (gamma arrivals; burstiness 1 = Poisson)
 rate_rps = 0.0
@@ -100,6 +104,7 @@ class Fleet:
     replicas: int = 1
     balancer: str = "least-loaded"
     engine: dict[str, Any] = field(default_factory=dict)
+    frontend: dict[str, Any] = field(default_factory=dict)  # overrides of the preset's API-server cost
 
     def __post_init__(self) -> None:
         _at_least("fleet.", "engines", self.engines, 1)
@@ -144,6 +149,8 @@ class Clients:
     poll_s: float = 12.0
     grace_polls: int = 3
     items: int | None = None  # per client; None = as many as the run has time for
+    guard: bool = True  # the client-side growth guard (MODEL_CONCURRENCY_GROWTH_GUARD)
+    outage_handover: bool = True  # after the grace, hand over to the guard (MODEL_CONCURRENCY_OUTAGE_HANDOVER)
 
     def __post_init__(self) -> None:
         _at_least("clients.", "count", self.count, 1)
@@ -353,6 +360,17 @@ def _check_engine(fleet: Fleet) -> None:
         preset.replace(**fleet.engine)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"[fleet.engine] {exc}") from None
+    from model_concurrency.engine.steptime import FrontEndCost
+
+    known = {f.name for f in dataclasses.fields(FrontEndCost)}
+    unknown = set(fleet.frontend) - known
+    if unknown:
+        raise ValueError(f"[fleet.frontend] has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    _check_types(FrontEndCost, fleet.frontend, "fleet.frontend.")
+    try:
+        dataclasses.replace(preset.frontend, **fleet.frontend)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[fleet.frontend] {exc}") from None
 
 
 def bundled_scenarios() -> dict[str, Path]:

@@ -5,6 +5,7 @@ Shared by the scenario runner and the oracle's sweep, so both simulate exactly t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,7 +23,10 @@ __all__ = ["Background", "Phase", "World", "build_fleet", "phases", "preset_for"
 
 def preset_for(scenario: Scenario) -> EnginePreset:
     preset = get_preset(scenario.fleet.preset)
-    return preset.replace(**scenario.fleet.engine) if scenario.fleet.engine else preset
+    preset = preset.replace(**scenario.fleet.engine) if scenario.fleet.engine else preset
+    if scenario.fleet.frontend:
+        preset = preset.replace(frontend=dataclasses.replace(preset.frontend, **scenario.fleet.frontend))
+    return preset
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,146 @@
+"""The client-side growth guard: runs beside every policy and only ever holds or lowers the target.
+
+An engine-signal policy grows while the engine shows room (nothing waiting, KV free). When the bottleneck sits in
+front of the engine (an API server tokenising on one CPU, a gateway, the network) the engine never queues, so
+such a policy grows to the ceiling and latency balloons while completions per second stay flat. Only the client
+sees that: its own completion rate stops rising with its concurrency while its latency rises (Little's law with
+the queue moved out of the engine's sight). The guard watches exactly that, from the same ``client_*`` fields a
+hosted endpoint gives, so it works whatever signal source feeds the policy:
+
+* every poll with at least ``min_calls`` completions gives a sample: concurrency (the interval's mean in flight),
+  completion rate and mean latency. The last ``window`` samples are kept;
+* the knee is the lowest concurrency among the samples within ``rate_tolerance`` of the best rate;
+* when the current sample runs ``over_knee`` × the knee's concurrency or more, with latency ``latency_rise`` ×
+  the knee's or more, growth bought nothing: the guard caps the target at the knee. The cap then rises by
+  ``probe`` a poll (so a capacity that grew is found again) and is dropped once it no longer binds.
+
+It also judges an outage of ``/metrics`` (:meth:`GrowthGuard.trouble`): the controller hands the target over to
+it after the grace instead of dropping to the floor, and falls to the floor when the guard sees trouble. The
+guard's rules are in docs/operations.md; it does no I/O and reads time only from ``obs.time``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from model_concurrency.observation import Observation
+
+__all__ = ["GrowthGuard", "Sample"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One poll interval as the client saw it."""
+
+    concurrency: float
+    rate: float
+    latency: float
+
+
+@dataclass(slots=True)
+class GrowthGuard:
+    """Caps the target at the knee of completions per second against concurrency when growth buys nothing.
+
+    Parameters:
+        enabled: apply the growth cap (``MODEL_CONCURRENCY_GROWTH_GUARD``); samples are kept either way.
+        window: samples remembered (polls).
+        min_calls: completions a poll needs to count as a sample (fewer are noise).
+        rate_tolerance: rates within this fraction of the best count as the plateau.
+        over_knee: concurrency this many times the knee's, or more, is growth to judge.
+        latency_rise: latency this many times the knee's, or more, says the growth only queued.
+        probe: the cap rises by this fraction a poll once set.
+        outage_latency: during an outage, mean latency past this many times the baseline is trouble.
+        baseline_window: polls in the latency baseline's EWMA (good polls only).
+    """
+
+    enabled: bool = True
+    window: int = 10
+    min_calls: int = 20
+    rate_tolerance: float = 0.05
+    over_knee: float = 1.25
+    latency_rise: float = 1.2
+    probe: float = 0.1
+    outage_latency: float = 1.5
+    baseline_window: float = 20.0
+    samples: deque[Sample] = field(init=False)
+    cap: float | None = field(default=None, init=False)
+    baseline_latency: float | None = field(default=None, init=False)
+    last_time: float | None = field(default=None, init=False)
+    fired: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.window < 2 or self.min_calls < 1:
+            raise ValueError("window must be >= 2 and min_calls >= 1")
+        if not (self.over_knee > 1 and self.latency_rise > 1 and self.outage_latency > 1):
+            raise ValueError("over_knee, latency_rise and outage_latency must be > 1")
+        if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
+            raise ValueError("rate_tolerance must be in [0, 1) and probe >= 0")
+        self.samples = deque(maxlen=self.window)
+
+    def _sample(self, obs: Observation) -> Sample | None:
+        before, self.last_time = self.last_time, obs.time
+        latency = obs.client_latency_mean_s
+        if before is None or obs.time <= before or obs.client_calls < self.min_calls:
+            return None
+        if latency is None or not (math.isfinite(latency) and latency > 0):
+            return None
+        if obs.client_errors or obs.client_throttled:  # failures are fast or slow for other reasons
+            return None
+        concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
+        if concurrency <= 0:
+            return None
+        return Sample(concurrency, obs.client_calls / (obs.time - before), latency)
+
+    def _knee(self) -> Sample | None:
+        if len(self.samples) < 2:
+            return None
+        best = max(s.rate for s in self.samples)
+        plateau = [s for s in self.samples if s.rate >= (1 - self.rate_tolerance) * best]
+        return min(plateau, key=lambda s: s.concurrency)
+
+    def bound(self, target: float, proposed: float, obs: Observation, *, good: bool = True) -> float:
+        """The proposal, or less when growth bought nothing; records ``obs`` (a poll of any outcome) first."""
+        sample = self._sample(obs)
+        if sample is not None:
+            self.samples.append(sample)
+            if good:
+                a = 2 / (self.baseline_window + 1)
+                base = self.baseline_latency
+                self.baseline_latency = sample.latency if base is None else base + a * (sample.latency - base)
+        if not self.enabled:
+            return proposed
+        knee = self._knee()
+        if (
+            sample is not None
+            and knee is not None
+            and sample.concurrency >= self.over_knee * knee.concurrency
+            and sample.latency >= self.latency_rise * knee.latency
+        ):
+            self.cap = max(1.0, knee.concurrency)
+            self.fired += 1
+        elif self.cap is not None:
+            if self.cap >= max(target, proposed):  # no longer binds: the policy is below it on its own
+                self.cap = None
+            else:
+                self.cap *= 1 + self.probe
+        return proposed if self.cap is None else min(proposed, self.cap)
+
+    def trouble(self, obs: Observation) -> str | None:
+        """Why an outage's hold is unsafe (None: the client's own calls look as they did while signals were good).
+
+        No positive evidence is trouble too: no completed call, or no baseline to compare with.
+        """
+        if obs.client_errors:
+            return f"{obs.client_errors} failed calls"
+        if obs.client_throttled:
+            return f"{obs.client_throttled} throttled calls"
+        latency = obs.client_latency_mean_s
+        if obs.client_calls == 0 or latency is None:
+            return "no completed calls to judge by"
+        if self.baseline_latency is None:
+            return "no latency baseline"
+        if not math.isfinite(latency) or latency > self.outage_latency * self.baseline_latency:
+            return f"latency {latency:.3g} s past {self.outage_latency:g} x the baseline {self.baseline_latency:.3g} s"
+        return None

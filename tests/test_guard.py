@@ -1,0 +1,168 @@
+"""The growth guard and the outage hand-over: exact rules, and properties of the fail-safe over any outage."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from model_concurrency import ControllerCore, Observation
+from model_concurrency.guard import GrowthGuard
+
+
+class Constant:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def next_target(self, target: float, obs: Observation) -> float:
+        return self.value
+
+
+def interval(
+    t: float, concurrency: float, rate: float, latency: float, *, ok: bool = True, **extra: int
+) -> Observation:
+    """One 10 s poll interval of a client that held ``concurrency`` in flight and finished ``rate`` calls/s."""
+    return Observation(
+        ok=ok,
+        time=t,
+        inflight=int(concurrency),
+        inflight_peak=int(concurrency),
+        inflight_mean=concurrency,
+        client_calls=int(rate * 10),
+        client_latency_mean_s=latency,
+        **extra,
+    )
+
+
+def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
+    guard = GrowthGuard()
+    assert guard.bound(8, 16, interval(0, 8, 100, 0.08)) == 16  # first poll: no interval to measure
+    assert guard.bound(8, 16, interval(10, 8, 100, 0.08)) == 16
+    # Double the concurrency, same completions per second (a front-end limit), latency doubles: cap at 8.
+    assert guard.bound(16, 32, interval(20, 16, 101, 0.16)) == 8
+    assert guard.cap == 8 and guard.fired == 1
+    # The cap then rises by 10 % a poll while the policy still wants more...
+    assert guard.bound(8, 16, interval(30, 8, 100, 0.08)) == 8.8
+    # ...and is dropped once the policy proposes no more than it.
+    assert guard.bound(8, 8, interval(40, 8.8, 100, 0.088)) == 8
+    assert guard.cap is None
+
+
+def test_guard_lets_growth_that_buys_completions_through() -> None:
+    guard = GrowthGuard()
+    guard.bound(8, 16, interval(0, 8, 100, 0.08))
+    guard.bound(8, 16, interval(10, 8, 100, 0.08))
+    # Twice the concurrency, 60 % more completions, latency up 25 %: a batching engine below its knee.
+    assert guard.bound(16, 32, interval(20, 16, 160, 0.1)) == 32
+    # Growth with flat completions but flat latency too (the application, not the server): no cap either.
+    assert guard.bound(32, 64, interval(30, 32, 160, 0.1)) == 64
+    assert guard.cap is None and guard.fired == 0
+
+
+def test_guard_off_never_changes_a_proposal_but_keeps_its_baseline() -> None:
+    guard = GrowthGuard(enabled=False)
+    for i, c in enumerate((8, 16, 32, 64)):
+        assert guard.bound(c, 2 * c, interval(10 * i, c, 100, c / 100)) == 2 * c
+    assert guard.baseline_latency is not None
+
+
+def test_guard_ignores_intervals_with_few_calls_errors_or_throttling() -> None:
+    guard = GrowthGuard()
+    guard.bound(8, 8, interval(0, 8, 100, 0.08))
+    guard.bound(8, 8, interval(10, 8, 1, 0.08))  # 10 calls < min_calls
+    guard.bound(8, 8, interval(20, 8, 100, 0.08, client_errors=3))
+    guard.bound(8, 8, interval(30, 8, 100, 0.08, client_throttled=3))
+    assert len(guard.samples) == 0
+
+
+def test_trouble_needs_positive_evidence() -> None:
+    guard = GrowthGuard()
+    assert guard.trouble(interval(0, 8, 100, 0.08)) == "no latency baseline"
+    guard.bound(8, 8, interval(0, 8, 100, 0.08))
+    guard.bound(8, 8, interval(10, 8, 100, 0.08))
+    assert guard.baseline_latency == 0.08
+    assert guard.trouble(interval(20, 8, 100, 0.08 * 1.5)) is None
+    assert guard.trouble(interval(20, 8, 100, 0.08 * 1.51)) is not None
+    assert guard.trouble(interval(20, 8, 0, 0.08)) == "no completed calls to judge by"
+    assert guard.trouble(interval(20, 8, 100, 0.08, client_errors=1)) == "1 failed calls"
+    assert guard.trouble(interval(20, 8, 100, 0.08, client_throttled=2)) == "2 throttled calls"
+
+
+def _core(grace: int = 1) -> ControllerCore:
+    core = ControllerCore(policy=Constant(300), floor=4, ceiling=512, grace_polls=grace)
+    for i in range(3):
+        core.update(interval(10 * i, 300, 100, 3.0))
+    assert core.target == 300
+    return core
+
+
+def test_outage_hands_over_instead_of_dropping_to_the_floor() -> None:
+    core = _core(grace=1)
+    assert core.update(interval(30, 300, 100, 3.0, ok=False), "refused") == 300  # grace
+    assert core.update(interval(40, 300, 100, 3.1, ok=False), "refused") == 300  # hand-over: calls look fine
+    assert core.outage_floored is False
+    # Latency past 1.5 x the baseline: the floor, and it stays there for the rest of the outage.
+    assert core.update(interval(50, 300, 60, 5.0, ok=False), "refused") == 4
+    assert core.update(interval(60, 4, 100, 0.1, ok=False), "refused") == 4
+    assert core.outage_floored is True
+    # Signals back: the policy decides again.
+    assert core.update(interval(70, 4, 100, 0.1)) == 300
+    assert core.outage_floored is False
+
+
+def test_outage_with_no_calls_or_with_hand_over_off_is_the_plain_floor() -> None:
+    core = _core(grace=1)
+    core.fail(30, "refused", inflight=300)
+    assert core.fail(40, "refused", inflight=300) == 4  # nothing finished: no evidence, so the floor
+    off = _core(grace=1)
+    off.outage_handover = False
+    off.update(interval(30, 300, 100, 3.0, ok=False), "refused")
+    assert off.update(interval(40, 300, 100, 3.0, ok=False), "refused") == 4
+
+
+outage_poll = st.fixed_dictionaries(
+    {
+        "calls": st.integers(0, 2000),
+        "errors": st.integers(0, 5),
+        "throttled": st.integers(0, 5),
+        "latency": st.floats(0.001, 100.0),
+        "concurrency": st.floats(0.0, 1000.0),
+    }
+)
+
+
+@given(
+    floor=st.integers(1, 64),
+    ceiling=st.integers(1, 1024),
+    grace=st.integers(0, 4),
+    good=st.lists(st.tuples(st.floats(0.0, 5000.0), st.floats(0.001, 50.0), st.integers(0, 2000)), min_size=1),
+    outage=st.lists(outage_poll, min_size=1, max_size=30),
+)
+def test_fail_safe_bounds_the_target_through_any_outage(
+    floor: int, ceiling: int, grace: int, good: list[tuple[float, float, int]], outage: list[dict[str, float]]
+) -> None:
+    """Within [floor, ceiling] always; during an outage never above the last good target, whatever the calls."""
+    core = ControllerCore(policy=Constant(0.0), floor=floor, ceiling=ceiling, grace_polls=grace)
+    t = 0.0
+    for proposal, latency, calls in good:
+        core.policy = Constant(proposal)
+        t += 12.0
+        obs = Observation(time=t, inflight=calls % 512, client_calls=calls, client_latency_mean_s=latency)
+        assert core.lower <= core.update(obs) <= core.upper
+    last_good = core.target
+    for poll in outage:
+        t += 12.0
+        obs = Observation(
+            ok=False,
+            time=t,
+            inflight=int(poll["concurrency"]),
+            inflight_mean=poll["concurrency"],
+            client_calls=int(poll["calls"]),
+            client_errors=int(poll["errors"]),
+            client_throttled=int(poll["throttled"]),
+            client_latency_mean_s=poll["latency"] if poll["calls"] else None,
+        )
+        target = core.update(obs, "refused")
+        assert core.lower <= target <= core.upper
+        assert target <= last_good
+        if core.consecutive_failures > grace and (poll["errors"] or poll["throttled"] or not poll["calls"]):
+            assert target == core.lower
