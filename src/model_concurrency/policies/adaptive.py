@@ -100,6 +100,10 @@ class Adaptive:
         jump_fraction: how far toward the KV bound one jump goes (default 0.5, in (0, 1]): the bound is above
             the sequence limit on most engines, and a whole poll spent above that limit queues a poll's worth of
             requests (docs/policies.md, first ramp).
+        jump_max_factor: one jump multiplies the target by at most this (default 8, >= ``slow_start_factor``);
+            a jump it cut short is followed by another on the next poll. The KV bound says nothing where a
+            sequence holds one block (an embedding model: ``bge-m3`` measured a bound of 25,000 on an engine of
+            64 sequences, and the jump went to the ceiling).
     """
 
     slow_start_factor: float = 2.0
@@ -122,6 +126,7 @@ class Adaptive:
     kv_jump: bool = True
     jump_share: float = 0.9
     jump_fraction: float = 0.5
+    jump_max_factor: float = 8.0
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -163,6 +168,10 @@ class Adaptive:
             raise ValueError(f"jump_share must be in [0, 1], got {self.jump_share}")
         if not 0 < self.jump_fraction <= 1:
             raise ValueError(f"jump_fraction must be in (0, 1], got {self.jump_fraction}")
+        if not self.jump_max_factor >= self.slow_start_factor:
+            raise ValueError(
+                f"jump_max_factor must be >= slow_start_factor ({self.slow_start_factor}), got {self.jump_max_factor}"
+            )
         self.samples = deque(maxlen=self.window_polls)
 
     # -- what has been learnt ---------------------------------------------------------------------------------
@@ -275,9 +284,11 @@ class Adaptive:
             return min(target + self.increase_step, max(target, estimate.bound))
         if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
             jump = target + self.jump_fraction * (estimate.bound - target)
-            if jump > grown:
-                grown = jump
-                self.jump_to = min(grown, max(target, estimate.bound))
+            step = min(jump, self.jump_max_factor * target)
+            if step > grown:
+                grown = step
+                if step >= jump:  # landed where the bound said: the next poll judges the jump
+                    self.jump_to = min(grown, max(target, estimate.bound))
         return min(grown, max(target, estimate.bound))
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
