@@ -6,8 +6,8 @@ A driver plays the poller: at each due time it claims the poll (``begin_poll``) 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,10 @@ class Scripted:
 
 
 def poll_times(
-    core: ControllerCore, until: float, failing: set[int] = frozenset(), asked: list[bool] | None = None  # type: ignore[assignment]
+    core: ControllerCore,
+    until: float,
+    failing: set[int] = frozenset(),
+    asked: list[bool] | None = None,  # type: ignore[assignment]
 ) -> list[float]:
     """Drive the core as the poller does until ``until``; polls whose index is in ``failing`` fail.
 
@@ -139,7 +142,7 @@ def test_gaps_are_the_interval_or_its_fraction_and_regular_polls_keep_their_grid
     core = ControllerCore(policy=policy, poll_interval_s=interval, ramp_poll_divisor=divisor)
     asked: list[bool] = []
     times = poll_times(core, 200, failing=failing, asked=asked)
-    gaps = [after - before for before, after in zip(times, times[1:], strict=False)]
+    gaps = [after - before for before, after in itertools.pairwise(times)]
     # Never sooner than the fast interval, never later than the throttle's.
     assert all(interval / divisor - 1e-9 <= gap <= interval + 1e-9 for gap in gaps)
     # Once the policy stopped asking, after at most one more look, the regular polls: 12 s apart, on the grid
@@ -147,7 +150,7 @@ def test_gaps_are_the_interval_or_its_fraction_and_regular_polls_keep_their_grid
     last_ask = max((k for k, a in enumerate(asked) if a), default=-1)
     settled = times[last_ask + 3 :]
     assert all(t / interval == pytest.approx(round(t / interval)) for t in settled)
-    assert all(b - a == pytest.approx(interval) for a, b in zip(settled, settled[1:], strict=False))
+    assert all(b - a == pytest.approx(interval) for a, b in itertools.pairwise(settled))
     if divisor == 1:
         assert core.fast_polls == 0 and all(gap == pytest.approx(interval) for gap in gaps)
 
