@@ -18,6 +18,9 @@ from model_concurrency.policies import Adaptive
 from model_concurrency.signals.vllm import parse_vllm_metrics
 from servers import EngineState, vllm_page
 
+# The jump's own rules, without the per-poll cap of 8x (tested on its own below, with the default).
+UNCAPPED = math.inf
+
 
 def poll(
     inflight: float,
@@ -46,7 +49,7 @@ def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
     snapshot = parse_vllm_metrics(page, "m")
     assert snapshot.kv_num_blocks == 8192
     obs = observe(snapshot, None, inflight=4, time=0.0)
-    p = Adaptive()
+    p = Adaptive(jump_max_factor=UNCAPPED)
     estimate = p.kv_estimate(obs)
     assert estimate is not None
     assert estimate.blocks_per_sequence == pytest.approx(40.96)
@@ -57,7 +60,7 @@ def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
 
 
 def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None:
-    p = Adaptive()
+    p = Adaptive(jump_max_factor=UNCAPPED)
     assert p.ramping
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
     assert p.jump_to == pytest.approx(94)
@@ -70,7 +73,7 @@ def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None
 
 
 def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
-    p = Adaptive(jump_fraction=1.0)
+    p = Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0)
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
     # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours: 0.9 × 128.
     assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(115.2)
@@ -81,7 +84,7 @@ def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
 
 
 def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
-    p = Adaptive()
+    p = Adaptive(jump_max_factor=UNCAPPED)
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
     # The ceiling (or the fail-safe) held the target at 64: no W_max; the ramp goes on, capped by the bound.
     assert p.next_target(64, poll(64, kv=0.32, time=12.0)) == pytest.approx(128)
@@ -122,8 +125,8 @@ def test_a_sequence_holds_at_least_one_block() -> None:
 
 
 def test_the_jump_can_be_switched_off_or_made_whole() -> None:
-    assert Adaptive(kv_jump=False).next_target(4, poll(4, kv=0.02)) == 8
-    assert Adaptive(jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)
+    assert Adaptive(jump_max_factor=UNCAPPED, kv_jump=False).next_target(4, poll(4, kv=0.02)) == 8
+    assert Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)
 
 
 def test_a_full_pipe_exit_is_not_undone_by_the_kv_cap() -> None:
@@ -136,7 +139,7 @@ def test_a_full_pipe_exit_is_not_undone_by_the_kv_cap() -> None:
 
 
 def test_a_long_idle_starts_the_first_ramp_again() -> None:
-    p = Adaptive(idle_s=120.0)
+    p = Adaptive(jump_max_factor=UNCAPPED, idle_s=120.0)
     p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=0.0))
     assert not p.ramping
     p.next_target(115, Observation(inflight=0, time=12.0))
@@ -194,3 +197,30 @@ def test_the_first_ramp_never_grows_past_the_kv_bound(
         if ramping and estimate is not None:
             assert answer <= max(target, estimate.bound) * (1 + 1e-12)
         target = max(1.0, answer)
+
+
+def test_a_jump_is_at_most_eight_times_the_target_and_a_capped_jump_jumps_again() -> None:
+    p = Adaptive()  # the default cap, jump_max_factor 8
+    # Halfway from 4 to the bound of 184 is 94: capped at 32; the ramp goes on (no jump to judge yet).
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(32)
+    assert p.jump_to is None and p.ramping
+    # From 32 (the same 40.96 blocks a sequence): halfway to 184 is 108, within 8 x 32: the jump lands.
+    assert p.next_target(32, poll(32, kv=0.16, time=2.0)) == pytest.approx(108)
+    assert p.jump_to == pytest.approx(108)
+    # It ran without a queue: W_max, and the probes.
+    assert p.next_target(108, poll(108, kv=0.54, time=4.0)) == pytest.approx(109)
+    assert p.w_max == pytest.approx(108) and not p.ramping
+
+
+def test_one_block_a_sequence_says_little_and_the_cap_keeps_the_jump_to_eight_times() -> None:
+    # An embedding model: 24 sequences in 0.086 % of 27,900 blocks (one block each); the bound is ~25,000.
+    p = Adaptive()
+    obs = Observation(running=24, waiting=0, kv_cache_usage=0.00086, kv_num_blocks=27900, inflight=24, time=0.0)
+    estimate = p.kv_estimate(obs)
+    assert estimate is not None and estimate.bound > 25_000
+    assert p.next_target(24, obs) == pytest.approx(192)
+
+
+def test_the_cap_is_checked() -> None:
+    with pytest.raises(ValueError, match="jump_max_factor must be >= slow_start_factor"):
+        Adaptive(jump_max_factor=1.5)

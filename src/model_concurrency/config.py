@@ -46,6 +46,7 @@ GROWTH_GUARD = ("MODEL_CONCURRENCY_GROWTH_GUARD", True)  # cap growth that buys 
 OUTAGE_HANDOVER = ("MODEL_CONCURRENCY_OUTAGE_HANDOVER", True)  # after the grace: the guard, not the floor
 POLICY = ("MODEL_CONCURRENCY_POLICY", "adaptive")
 CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
+RAMP_POLL_DIVISOR = ("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", 6.0)  # while the policy ramps: poll every POLL_S / this
 THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
 
 # Values that parse but make no sense: warned about once and ignored, like non-numeric ones. A poll interval and
@@ -55,6 +56,7 @@ _VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
     TIMEOUT_S[0]: (lambda v: v > 0, "must be > 0"),
     POLL_S[0]: (lambda v: v >= 0, "must be >= 0"),
     GRACE_POLLS[0]: (lambda v: v >= 0, "must be >= 0"),
+    RAMP_POLL_DIVISOR[0]: (lambda v: v >= 1, "must be >= 1 (1 = no faster polls)"),
     THREAD_IDLE_S[0]: (lambda v: v >= 0, "must be >= 0"),
 }
 

@@ -16,6 +16,15 @@ Observations with non-finite or negative values count as failed polls; a policy 
 holds. After the policy proposes, the guard may lower (never raise) the proposal when growth bought no
 completions. The target is always clamped to ``[floor, max(floor, ceiling)]``: the floor (the static
 configuration) wins over a ceiling set below it.
+
+The schedule: the next poll is due ``poll_interval_s`` after this one started, except in the policy's first ramp
+(``wants_fast_polls``, docs/policies.md): after a good poll that leaves the policy asking for them below the
+ceiling it is due after ``poll_interval_s / ramp_poll_divisor``, and once more after the poll that ended the
+ramp (that poll's saturation is often the engine still admitting the jump; one more look sees where
+``running`` settles). These are extra polls: the regular ones stay on the grid the throttle started at the first
+fast poll, so the phase of the regular polls (and what a capacity change costs to see) is what it would have been.
+A failed poll always goes back to the regular schedule, so the grace rule keeps its meaning in seconds. The live
+runtime and the lab's clients both read ``next_poll_at``, so they make the same decision.
 """
 
 from __future__ import annotations
@@ -25,9 +34,10 @@ import math
 import threading
 from dataclasses import dataclass, field, fields
 
+from model_concurrency.config import RAMP_POLL_DIVISOR
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
-from model_concurrency.policies.base import Policy, Target, declared_grace_polls
+from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
 
 __all__ = ["CallRecorder", "ControllerCore"]
 
@@ -53,6 +63,8 @@ class ControllerCore:
     ceiling: int = 512
     grace_polls: int = 3
     poll_interval_s: float = 12.0
+    ramp_poll_divisor: float = RAMP_POLL_DIVISOR[1]
+    ramp_tail_polls: int = 1
     target_value: float = field(init=False)
     consecutive_failures: int = 0
     polls: int = 0
@@ -67,6 +79,10 @@ class ControllerCore:
     guard: GrowthGuard = field(default_factory=GrowthGuard)
     outage_handover: bool = True
     outage_floored: bool = False
+    fast_polls: int = 0
+    poll_started_at: float | None = None
+    _tail_left: int = 0
+    _regular_due: float | None = None
 
     def __post_init__(self) -> None:
         self.target_value = float(self.lower)
@@ -100,11 +116,58 @@ class ControllerCore:
         return now >= self.next_poll_at
 
     def begin_poll(self, now: float) -> None:
-        """Claim the poll that is due: the next one is due a full interval after this one started."""
+        """Claim the poll that is due: the next one is due a full interval after this one started.
+
+        ``update`` may bring it forward once the outcome says the policy is still ramping."""
+        self.poll_started_at = now
         self.next_poll_at = now + self.poll_interval_s
 
+    @property
+    def ramp_poll_interval_s(self) -> float:
+        """The interval between polls while the policy ramps (the full one when the divisor is 1 or less)."""
+        return self.poll_interval_s / max(1.0, self.ramp_poll_divisor)
+
+    def _fast_next(self) -> bool:
+        """Whether the next poll comes after the short interval (see the module docstring)."""
+        if self.ramp_poll_divisor <= 1 or not self.last_ok:
+            self._tail_left = 0
+            return False
+        if wants_fast_polls(self.policy):
+            below_ceiling = self.target < self.upper
+            self._tail_left = self.ramp_tail_polls if below_ceiling else 0
+            return below_ceiling
+        if self._tail_left > 0:
+            self._tail_left -= 1
+            return True
+        return False
+
+    def _schedule_after(self, started: float) -> None:
+        interval, regular = self.poll_interval_s, self._regular_due
+        if regular is not None and interval > 0 and regular <= started:
+            # This poll stood in for the regular one (or the poller paused): the grid moves on by whole intervals.
+            regular += interval * (math.floor((started - regular) / interval) + 1)
+        if self._fast_next():
+            self.fast_polls += 1
+            self._regular_due = regular if regular is not None else started + interval
+            self.next_poll_at = started + self.ramp_poll_interval_s
+        elif regular is not None:
+            self._regular_due = None
+            self.next_poll_at = max(regular, started + self.ramp_poll_interval_s)
+        else:
+            self.next_poll_at = started + interval
+
     def update(self, obs: Observation, reason: str | None = None) -> int:
-        """Apply one poll's outcome (``obs.ok=False`` for a failed poll, with ``reason``). Returns the target."""
+        """Apply one poll's outcome (``obs.ok=False`` for a failed poll, with ``reason``). Returns the target.
+
+        Also schedules the next poll from when this one started (``begin_poll``; the observation's time if none
+        was claimed)."""
+        started = self.poll_started_at if self.poll_started_at is not None else obs.time
+        self.poll_started_at = None
+        target = self._apply(obs, reason)
+        self._schedule_after(started)
+        return target
+
+    def _apply(self, obs: Observation, reason: str | None) -> int:
         self.polls += 1
         self.last_poll_time = obs.time
         if not obs.ok:

@@ -7,7 +7,8 @@ A :class:`ModelRuntime` is everything this process knows and decides about one m
   usage meter gives each poll the interval's peak and mean in flight;
 * the :class:`~model_concurrency.controller.CallRecorder` the gate and :func:`slot` feed;
 * the signal source and the schedule: while anything uses the model (a fan-out, a slot) a background thread
-  polls it every ``MODEL_CONCURRENCY_POLL_S``, so no poll rides on a completion and none blocks an event loop.
+  polls it every ``MODEL_CONCURRENCY_POLL_S`` (``/ MODEL_CONCURRENCY_RAMP_POLL_DIVISOR`` while the policy is in
+  its first ramp: the core's ``next_poll_at``), so no poll rides on a completion and none blocks an event loop.
 
 :func:`poll_step` is the poll itself (snapshot or error in at a time, target out) and is the one the lab's
 simulated clients call too. Callers read a runtime's state; only its poll writes it. The registry
@@ -244,6 +245,7 @@ class ModelRuntime:
 
     def _refresh_knobs(self) -> None:
         self.core.poll_interval_s = setting(*config.POLL_S)
+        self.core.ramp_poll_divisor = setting(*config.RAMP_POLL_DIVISOR)
         self.core.grace_polls = setting(*config.GRACE_POLLS)
         self.core.guard.enabled = setting(*config.GROWTH_GUARD)
         self.core.outage_handover = setting(*config.OUTAGE_HANDOVER)

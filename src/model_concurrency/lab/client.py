@@ -5,8 +5,9 @@ on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_c
 :class:`~model_concurrency.gate.limiter.LimiterCore`, :class:`~model_concurrency.gate.limiter.UsageMeter` and
 :class:`~model_concurrency.controller.CallRecorder`, and the same poll step
 (:func:`~model_concurrency.runtime.poll_step`: snapshot or error in, interval usage and calls drained, target
-out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process
-every ``poll_s`` seconds, like the live poller thread) and the I/O (the fleet's snapshot, and requests submitted
+out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process that
+sleeps until the core's ``next_poll_at``, like the live poller thread: every ``poll_s`` seconds, sooner while the
+policy ramps) and the I/O (the fleet's snapshot, and requests submitted
 to the engine model).
 
 A rate-limited target (:class:`~model_concurrency.lab.ratelimit.RateLimitedFront`) may refuse a call with a
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
+from model_concurrency import config
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.engine.request import Request
 from model_concurrency.gate.hold import AdmissionHold
@@ -142,6 +144,7 @@ class SimClient:
         poll_s: float = 12.0,
         grace_polls: int = 3,
         first_poll_s: float = 0.0,
+        ramp_poll_divisor: float | None = None,
         items: int | None = None,
         metrics_up: Callable[[], bool] = lambda: True,
         guard: bool = True,
@@ -164,6 +167,10 @@ class SimClient:
             grace_polls=grace_polls,
             poll_interval_s=poll_s,
             outage_handover=outage_handover,
+            # The production knob, read as the live runtime reads it, so the lab measures what ships.
+            ramp_poll_divisor=(
+                ramp_poll_divisor if ramp_poll_divisor is not None else config.setting(*config.RAMP_POLL_DIVISOR)
+            ),
         )
         self.core.guard.enabled = guard
         # A client-side policy is given no engine signal, as production gives it ClientOnlySource.
@@ -289,7 +296,7 @@ class SimClient:
             self.poll_times.append(now)
             self.poll_targets.append(core.target)
             self._resize(core.target, core.token_budget)
-            yield env.timeout(core.poll_interval_s)
+            yield env.timeout(max(0.0, core.next_poll_at - env.now))
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:
         schedule = self.schedule

@@ -5,12 +5,16 @@ simulator. It needs no floor or ceiling: the controller clamps whatever it retur
 treats a non-finite answer as "hold". It is never called for a failed poll; the controller's grace rule owns
 those.
 
-Two declarations complete the interface, both with defaults so a plug-in that only writes ``next_target`` (see
+Three declarations complete the interface, all with defaults so a plug-in that only writes ``next_target`` (see
 ``policies/example_plugin.py``) keeps loading: ``grace_polls`` (None: the operator's
-``MODEL_CONCURRENCY_GRACE_POLLS``; an int pins the policy's own, ``seed-aimd`` pins 0) and
+``MODEL_CONCURRENCY_GRACE_POLLS``; an int pins the policy's own, ``seed-aimd`` pins 0),
 ``uses_engine_signals`` (True: the model's ``/metrics`` page is scraped; False: only this process's own calls are
-observed, so a hosted endpoint without ``/metrics`` still adapts). Deriving from :class:`PolicyBase` declares the
-defaults; :func:`declared_grace_polls` and :func:`uses_engine_signals` read them for any policy object.
+observed, so a hosted endpoint without ``/metrics`` still adapts) and ``wants_fast_polls`` (False; True while the
+policy climbs from the floor toward a capacity it has not met yet and can use a poll every
+``MODEL_CONCURRENCY_POLL_S / MODEL_CONCURRENCY_RAMP_POLL_DIVISOR``). Not ``ramping``: ``gradient`` has a
+``ramping`` state whose rate test counts completions per 12 s poll, and a 2 s poll would end it early. Deriving
+from :class:`PolicyBase` declares the first two; :func:`declared_grace_polls`, :func:`uses_engine_signals` and
+:func:`wants_fast_polls` read all three for any policy object.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from model_concurrency.observation import Observation
 
-__all__ = ["Policy", "PolicyBase", "Target", "declared_grace_polls", "uses_engine_signals"]
+__all__ = ["Policy", "PolicyBase", "Target", "declared_grace_polls", "uses_engine_signals", "wants_fast_polls"]
 
 
 class Target(float):
@@ -79,3 +83,16 @@ def declared_grace_polls(policy: Policy) -> int | None:
 def uses_engine_signals(policy: Policy) -> bool:
     """Whether the policy needs the engine's gauges (the documented default: True)."""
     return getattr(policy, "uses_engine_signals", PolicyBase.uses_engine_signals) is not False
+
+
+def wants_fast_polls(policy: Policy) -> bool:
+    """Whether the policy asks for the first ramp's faster polls now (the documented default: False).
+
+    Only a real ``True`` counts, and a property that raises reads as False: a plug-in's bug may cost the faster
+    polls, never a poll loop. Not a :class:`PolicyBase` attribute: a policy declares it as a property of its
+    state, and a class-level default would clash with a dataclass field of the same name."""
+    try:
+        value = getattr(policy, "wants_fast_polls", False)
+    except Exception:
+        return False
+    return value is True
