@@ -17,7 +17,7 @@ import simpy
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
-from model_concurrency.lab.trace import ClientTrace, Trace
+from model_concurrency.lab.trace import Array, ClientTrace, Trace
 from model_concurrency.lab.world import Phase, World
 from model_concurrency.policies.base import Policy
 
@@ -76,17 +76,19 @@ def simulate(
                 ceiling=c.ceiling,
                 poll_s=c.poll_s,
                 grace_polls=c.grace_polls,
-                # Independent processes do not poll in lock-step.
+                # Independent processes do not poll in lock-step, and drift apart as they go.
                 first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
+                poll_jitter=c.poll_jitter if c.count > 1 else 0.0,
+                jitter_rng=np.random.default_rng([scenario.seed, i, 1]) if c.count > 1 else None,
                 items=c.items,
                 metrics_up=lambda: world.metrics_up,
                 name=f"client-{i}",
             )
         )
     samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions")}
-    per_client: list[dict[str, list[float]]] = [
-        {"target": [], "inflight": [], "completions": [], "errors": []} for _ in clients
-    ]
+    # One row of every client per sample (a numpy row, not a thousand boxed floats): at fleet scale the per-client
+    # series are the bulk of the trace.
+    per_client: dict[str, list[Array]] = {"target": [], "inflight": [], "completions": [], "errors": []}
 
     def sampler() -> Generator[Any, Any, None]:
         dt = scenario.trace_dt_s
@@ -97,11 +99,10 @@ def simulate(
             samples["waiting"].append(sum(e.gauge_waiting for s in live for e in s.engines if e.up))
             samples["kv"].append(max((e.kv_usage for s in live for e in s.engines if e.up), default=0.0))
             samples["preemptions"].append(sum(e.stats.num_preemptions for s in world.fleet.replicas for e in s.engines))
-            for record, client in zip(per_client, clients, strict=True):
-                record["target"].append(client.limit)
-                record["inflight"].append(client.inflight)
-                record["completions"].append(client.completed)
-                record["errors"].append(client.errors)
+            per_client["target"].append(np.fromiter((cl.limiter.limit for cl in clients), float, len(clients)))
+            per_client["inflight"].append(np.fromiter((cl.limiter.inflight for cl in clients), float, len(clients)))
+            per_client["completions"].append(np.fromiter((cl.completed for cl in clients), float, len(clients)))
+            per_client["errors"].append(np.fromiter((cl.errors for cl in clients), float, len(clients)))
             if progress is not None:
                 progress(env.now)
             yield env.timeout(dt)
@@ -109,6 +110,8 @@ def simulate(
     env.process(sampler())
     env.run(until=scenario.duration_s)
     arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
+    # (samples, clients) -> one contiguous row per client, so each ClientTrace owns its own series.
+    columns = {k: np.ascontiguousarray(np.vstack(rows).T) for k, rows in per_client.items()}
     return Trace(
         time=arr["time"],
         running=arr["running"],
@@ -117,15 +120,15 @@ def simulate(
         preemptions=arr["preemptions"],
         clients=[
             ClientTrace(
-                **{k: np.asarray(v, dtype=float) for k, v in record.items()},
+                **{k: column[i] for k, column in columns.items()},
                 poll_times=np.asarray(client.poll_times, dtype=float),
                 poll_targets=np.asarray(client.poll_targets, dtype=float),
             )
-            for record, client in zip(per_client, clients, strict=True)
+            for i, client in enumerate(clients)
         ],
-        queue_times=np.asarray([q for cl in clients for q in cl.queue_times], dtype=float),
-        latencies=np.asarray([x for cl in clients for x in cl.latencies], dtype=float),
-        finish_times=np.asarray([x for cl in clients for x in cl.finish_times], dtype=float),
+        queue_times=np.concatenate([np.frombuffer(cl.queue_times, dtype=float) for cl in clients]),
+        latencies=np.concatenate([np.frombuffer(cl.latencies, dtype=float) for cl in clients]),
+        finish_times=np.concatenate([np.frombuffer(cl.finish_times, dtype=float) for cl in clients]),
         duration_s=scenario.duration_s,
         capacity_changes=scenario.capacity_change_times,
     )

@@ -16,7 +16,9 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``queue_time_p50_s`` / ``queue_time_p99_s``: engine queue time of the clients' requests;
 * ``latency_p99_s``: their end-to-end latency;
 * ``oscillation``: coefficient of variation of the summed target over the second half of the last phase;
-* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client.
+* ``jain_fairness``: Jain's index of the clients' goodputs, ``(Σx)² / (n Σx²)``; 1.0 with one client;
+* ``client_goodput_p5`` / ``_p50`` / ``_p95``: percentiles of the per-client goodputs (items/s over the run): with
+  hundreds of clients, the spread Jain's single number hides (who starves, who hogs).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ SUMMARY_KEYS = (
     "latency_p99_s",
     "oscillation",
     "jain_fairness",
+    "client_goodput_p5",
+    "client_goodput_p50",
+    "client_goodput_p95",
 )
 
 
@@ -111,5 +116,8 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "latency_p99_s": _percentile(trace.latencies, 99),
         "oscillation": oscillation(trace),
         "jain_fairness": jain_index(per_client),
+        "client_goodput_p5": _percentile(np.asarray(per_client), 5),
+        "client_goodput_p50": _percentile(np.asarray(per_client), 50),
+        "client_goodput_p95": _percentile(np.asarray(per_client), 95),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
