@@ -48,6 +48,9 @@ POLICY = ("MODEL_CONCURRENCY_POLICY", "adaptive")
 CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
 RAMP_POLL_DIVISOR = ("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", 6.0)  # while the policy ramps: poll every POLL_S / this
 THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
+# One Prometheus server for every model that names neither its own prometheus_url nor a metrics_url: the switch
+# from N pollers scraping each engine to one scrape per engine (docs/scale-out.md).
+PROMETHEUS_URL = ("MODEL_CONCURRENCY_PROMETHEUS_URL", "")
 
 # Values that parse but make no sense: warned about once and ignored, like non-numeric ones. A poll interval and
 # a grace of 0 stay valid (poll at every chance; drop to the floor on the first failure).
@@ -106,6 +109,15 @@ def setting(name: str, default: Any, cast: Callable[[str], Any] | None = None) -
             log.warning("ignoring %s=%r: %s; using %r", name, raw, rule[1], default)
         return default
     return value
+
+
+def _prometheus_url(raw: str) -> str:
+    return check_metrics_url(raw) if raw else ""
+
+
+def fleet_prometheus_url() -> str:
+    """``MODEL_CONCURRENCY_PROMETHEUS_URL`` now, or "" (unset, empty, or not an http(s) URL: warned once)."""
+    return setting(PROMETHEUS_URL[0], PROMETHEUS_URL[1], _prometheus_url)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,8 +29,8 @@ from model_concurrency import (
     load_config,
     map_concurrent_sync,
     register_model,
-    setting,
 )
+from model_concurrency import config as _config
 from model_concurrency.config import registered_models
 
 if TYPE_CHECKING:
@@ -48,8 +48,8 @@ __all__ = [
     "run_fan_out",
 ]
 
-# The one setting that moves every worker from scraping engines to one Prometheus server.
-PROMETHEUS_URL = ("MODEL_CONCURRENCY_PROMETHEUS_URL", "")
+# The one setting that moves every worker from scraping engines to one Prometheus server (config.py owns it).
+PROMETHEUS_URL = _config.PROMETHEUS_URL
 
 # A TOML file readable on every node, the parsed TOML (``{"models": {...}}``), or specs built in the driver.
 ModelsConfig = str | os.PathLike[str] | Mapping[str, Any] | Sequence[ModelSpec]
@@ -114,7 +114,7 @@ def configure(config: ModelsConfig, *, prometheus_url: str | None = None) -> tup
     ``MODEL_CONCURRENCY_PROMETHEUS_URL``) becomes the signal source of every model that names neither its own
     ``prometheus_url`` nor a ``metrics_url``.
     """
-    prom = prometheus_url if prometheus_url is not None else setting(*PROMETHEUS_URL)
+    prom = prometheus_url if prometheus_url is not None else _config.fleet_prometheus_url()
     key = _fingerprint(config, prom)
     with _lock:
         known = _configured.get(key)

@@ -410,8 +410,10 @@ def _default_source(spec: ModelSpec | None, policy: Policy) -> SignalSource | No
     if not uses_engine_signals(policy):
         return ClientOnlySource() if spec.base_url else None
     limits = ScrapeLimits(timeout_s=setting(*config.TIMEOUT_S), deadline_s=2 * setting(*config.TIMEOUT_S))
-    if spec.prometheus_url:
-        return PrometheusSource(spec.prometheus_url, spec.served_name, limits=limits)
+    # An explicit metrics_url was chosen on purpose: the fleet-wide Prometheus setting never overrides it.
+    prometheus_url = spec.prometheus_url or ("" if spec.metrics_url else config.fleet_prometheus_url())
+    if prometheus_url:
+        return PrometheusSource(prometheus_url, spec.served_name, limits=limits)
     url = spec.resolved_metrics_url
     if url is None:
         return None

@@ -1,5 +1,8 @@
 """Plots of a run: target versus saturation over time, capacity changes marked.
 
+With more than :data:`BAND_CLIENTS` clients the targets are drawn as a distribution (the sum, and the per-client
+p5-p95 band with its median), never one line per client.
+
 matplotlib is imported inside the functions with the Agg backend, so the lab works headless and importing the
 lab does not pull in a GUI toolkit.
 """
@@ -11,7 +14,7 @@ from typing import Any
 
 from model_concurrency.lab.trace import Trace
 
-__all__ = ["draw_run", "figure_legend", "legend_entries", "plot_run"]
+__all__ = ["BAND_CLIENTS", "draw_run", "figure_legend", "legend_entries", "plot_run"]
 
 
 def _mark_changes(ax: Any, trace: Trace) -> None:
@@ -51,15 +54,19 @@ def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = 
             zorder=3,
             label="oracle (knee)",
         )
-    many = len(trace.clients) > _LABELLED_CLIENTS
-    for i, client in enumerate(trace.clients):
-        if len(trace.clients) == 1:
-            style: dict[str, Any] = {"color": "tab:blue", "label": "target"}
-        else:
-            label = ("target (per client)" if i == 0 else None) if many else f"target c{i}"
-            style = {"color": f"C{i % 10}" if not many else "tab:blue", "alpha": 1.0 if not many else 0.5,
-                     "label": label}  # fmt: skip
-        top.step(t, client.target, where="post", linewidth=1.8, zorder=4, **style)
+    per_client_axis = None
+    if len(trace.clients) > BAND_CLIENTS:
+        per_client_axis = _draw_target_distribution(top, trace)
+    else:
+        many = len(trace.clients) > _LABELLED_CLIENTS
+        for i, client in enumerate(trace.clients):
+            if len(trace.clients) == 1:
+                style: dict[str, Any] = {"color": "tab:blue", "label": "target"}
+            else:
+                label = ("target (per client)" if i == 0 else None) if many else f"target c{i}"
+                style = {"color": f"C{i % 10}" if not many else "tab:blue", "alpha": 1.0 if not many else 0.5,
+                         "label": label}  # fmt: skip
+            top.step(t, client.target, where="post", linewidth=1.8, zorder=4, **style)
     _mark_changes(top, trace)
     top.set_ylabel("requests")
     top.set_title(title)
@@ -77,16 +84,47 @@ def draw_run(axes: Any, trace: Trace, oracle: Trace | None = None, title: str = 
     bottom.set_zorder(kv.get_zorder() + 1)
     bottom.patch.set_visible(False)
     if legend:
-        top.legend(loc="upper left", fontsize=7, ncol=3)
+        if per_client_axis is not None:
+            handles, labels = _entries([top, per_client_axis])
+            top.legend(handles, labels, loc="upper left", fontsize=7, ncol=3)
+        else:
+            top.legend(loc="upper left", fontsize=7, ncol=3)
         handles, labels = _entries([bottom, kv])
         bottom.legend(handles, labels, loc="upper left", fontsize=7)
 
 
-_GENERIC_OF = {"in-flight (all)": "in-flight", "target (per client)": "target"}
+def _draw_target_distribution(top: Any, trace: Trace) -> Any:
+    """Many clients: their summed target against the fleet (left axis), and how it is shared (right axis).
+
+    One line per client is unreadable past a few dozen, and per-client targets (tens) drawn on the fleet's scale
+    (thousands) would sit flat on the axis, so the per-client p5-p95 band and median get their own axis.
+    """
+    import numpy as np
+
+    t = trace.time
+    targets = np.vstack([c.target for c in trace.clients])
+    top.step(t, targets.sum(axis=0), where="post", color="tab:blue", linewidth=1.8, zorder=4,
+             label="target (sum of clients)")  # fmt: skip
+    p5, p50, p95 = np.percentile(targets, [5, 50, 95], axis=0)
+    per = top.twinx()
+    per.fill_between(t, p5, p95, step="post", color="tab:cyan", alpha=0.3, linewidth=0,
+                     label="per-client target p5-p95 (right axis)")  # fmt: skip
+    per.step(t, p50, where="post", color="tab:cyan", linewidth=1.0, label="per-client target p50 (right axis)")
+    per.set_ylim(0, max(1.0, float(p95.max())) * 1.1)
+    per.set_ylabel("per-client target")
+    # The fleet-scale curves in front of the band, as the KV twin sits behind goodput below.
+    top.set_zorder(per.get_zorder() + 1)
+    top.patch.set_visible(False)
+    return per
+
+
+_GENERIC_OF = {"in-flight (all)": "in-flight", "target (per client)": "target", "target (sum of clients)": "target"}
 _GENERIC = frozenset({"in-flight", "target"})
 
 # Above this many clients, one "target (per client)" entry stands for all their target lines.
 _LABELLED_CLIENTS = 4
+# Above this many, no line per client at all: the summed target and a percentile band of the per-client ones.
+BAND_CLIENTS = 16
 
 
 def _entries(axes: Any) -> tuple[list[Any], list[str]]:

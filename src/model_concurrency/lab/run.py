@@ -7,6 +7,7 @@ would.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import simpy
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
-from model_concurrency.lab.trace import ClientTrace, Trace
+from model_concurrency.lab.trace import Array, ClientTrace, Trace
 from model_concurrency.lab.world import Phase, World
 from model_concurrency.policies.base import Policy
 
@@ -55,6 +56,8 @@ def simulate(
     rng = np.random.default_rng(scenario.seed)
     world = World(env, scenario, resolve_fraction=resolve_fraction, rng=np.random.default_rng(scenario.seed + 1))
     c, w = scenario.clients, scenario.workload
+    # Every client's per-request figures in one array each (order does not matter: only percentiles read them).
+    records: tuple[array[float], array[float], array[float]] = (array("d"), array("d"), array("d"))
     clients = []
     for i in range(c.count):
         stream = request_stream(
@@ -85,19 +88,28 @@ def simulate(
                 ceiling=c.ceiling,
                 poll_s=c.poll_s,
                 grace_polls=c.grace_polls,
-                # Independent processes do not poll in lock-step.
+                # Independent processes do not poll in lock-step, and drift apart as they go.
                 first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
+                poll_jitter=c.poll_jitter if c.count > 1 else 0.0,
+                jitter_rng=np.random.default_rng([scenario.seed, i, 1]) if c.count > 1 else None,
                 items=c.items,
                 metrics_up=lambda: world.metrics_up,
                 guard=c.guard,
                 outage_handover=c.outage_handover,
                 name=f"client-{i}",
+                shared_records=records,
             )
         )
     samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions")}
-    per_client: list[dict[str, list[float]]] = [
-        {"target": [], "inflight": [], "completions": [], "errors": [], "throttled": []} for _ in clients
-    ]
+    # One row of every client per sample (a numpy row, not a thousand boxed floats): at fleet scale the per-client
+    # series are the bulk of the trace.
+    per_client: dict[str, list[Array]] = {
+        "target": [],
+        "inflight": [],
+        "completions": [],
+        "errors": [],
+        "throttled": [],
+    }
 
     def sampler() -> Generator[Any, Any, None]:
         dt = scenario.trace_dt_s
@@ -108,12 +120,11 @@ def simulate(
             samples["waiting"].append(sum(e.gauge_waiting for s in live for e in s.engines if e.up))
             samples["kv"].append(max((e.kv_usage for s in live for e in s.engines if e.up), default=0.0))
             samples["preemptions"].append(sum(e.stats.num_preemptions for s in world.fleet.replicas for e in s.engines))
-            for record, client in zip(per_client, clients, strict=True):
-                record["target"].append(client.limit)
-                record["inflight"].append(client.inflight)
-                record["completions"].append(client.completed)
-                record["errors"].append(client.errors)
-                record["throttled"].append(client.throttled)
+            per_client["target"].append(np.fromiter((cl.limiter.limit for cl in clients), float, len(clients)))
+            per_client["inflight"].append(np.fromiter((cl.limiter.inflight for cl in clients), float, len(clients)))
+            per_client["completions"].append(np.fromiter((cl.completed for cl in clients), float, len(clients)))
+            per_client["errors"].append(np.fromiter((cl.errors for cl in clients), float, len(clients)))
+            per_client["throttled"].append(np.fromiter((cl.throttled for cl in clients), float, len(clients)))
             if progress is not None:
                 progress(env.now)
             yield env.timeout(dt)
@@ -121,6 +132,8 @@ def simulate(
     env.process(sampler())
     env.run(until=scenario.duration_s)
     arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
+    # (samples, clients) -> one contiguous row per client, so each ClientTrace owns its own series.
+    columns = {k: np.ascontiguousarray(np.vstack(rows).T) for k, rows in per_client.items()}
     return Trace(
         time=arr["time"],
         running=arr["running"],
@@ -129,15 +142,15 @@ def simulate(
         preemptions=arr["preemptions"],
         clients=[
             ClientTrace(
-                **{k: np.asarray(v, dtype=float) for k, v in record.items()},
+                **{k: column[i] for k, column in columns.items()},
                 poll_times=np.asarray(client.poll_times, dtype=float),
                 poll_targets=np.asarray(client.poll_targets, dtype=float),
             )
-            for record, client in zip(per_client, clients, strict=True)
+            for i, client in enumerate(clients)
         ],
-        queue_times=np.asarray([q for cl in clients for q in cl.queue_times], dtype=float),
-        latencies=np.asarray([x for cl in clients for x in cl.latencies], dtype=float),
-        finish_times=np.asarray([x for cl in clients for x in cl.finish_times], dtype=float),
+        queue_times=np.frombuffer(records[0], dtype=float),
+        latencies=np.frombuffer(records[1], dtype=float),
+        finish_times=np.frombuffer(records[2], dtype=float),
         duration_s=scenario.duration_s,
         capacity_changes=scenario.capacity_change_times,
         limit_rps=scenario.rate_limit.items_per_s(w.prompt_tokens + w.output_tokens),

@@ -25,6 +25,8 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``preemptions``: engine preemptions fleet-wide after the first minute (:data:`PREEMPTIONS_AFTER_S`): the first
   ramp may overshoot once, by design; after it a client that knows the KV cache should never make the engine
   evict and recompute a request.
+* ``client_goodput_p5`` / ``_p50`` / ``_p95``: percentiles of the per-client goodputs (items/s over the run): with
+  hundreds of clients, the spread Jain's single number hides (who starves, who hogs).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ SUMMARY_KEYS = (
     "throttled_fraction",
     "limit_ratio",
     "preemptions",
+    "client_goodput_p5",
+    "client_goodput_p50",
+    "client_goodput_p95",
 )
 
 AFTER_S = 60.0
@@ -163,5 +168,8 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "jain_fairness": jain_index(per_client),
         **_throttling(trace),
         "preemptions": preemptions_after(trace, PREEMPTIONS_AFTER_S),
+        "client_goodput_p5": _percentile(np.asarray(per_client), 5),
+        "client_goodput_p50": _percentile(np.asarray(per_client), 50),
+        "client_goodput_p95": _percentile(np.asarray(per_client), 95),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
