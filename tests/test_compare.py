@@ -85,7 +85,10 @@ def test_adaptive_keeps_goodput_and_queues_less_than_aimd(study: object) -> None
         adaptive, aimd = study.row(scenario, "adaptive"), study.row(scenario, "aimd")  # type: ignore[attr-defined]
         assert adaptive["goodput_ratio"] >= 0.95
         assert adaptive["goodput_ratio"] >= aimd["goodput_ratio"] - 0.01
-        assert adaptive["saturated_fraction"] < aimd["saturated_fraction"]
+        # The growth guard (guard.py) now runs beside every policy and stops aimd's overshoot too (ramp at this
+        # scale: aimd saturated 0.35 without it, 0 with it), so the difference that remains is the queue's tail.
+        assert adaptive["queue_time_p99_s"] <= aimd["queue_time_p99_s"]
+        assert adaptive["saturated_fraction"] <= 0.05
 
 
 @pytest.mark.slow

@@ -280,11 +280,12 @@ class _Run:
         releases = mode != BORROWED
         try:
             while not (self.stopped or self.exhausted):
+                if target.due():
+                    # At most one refresh per item: on a coarse or jumping clock (a virtual one) every read may
+                    # find the refresh due again, and a refresh-and-retry loop would never start an item.
+                    self._refresh()
                 if mode != PINNED and mode != BORROWED and self.alive > target.limit:
                     break  # the limit shrank: surplus workers leave
-                if target.due():
-                    self._refresh()
-                    continue
                 units = 0
                 if mode == OPPORTUNISTIC:
                     # Nested: under a parent's (weighted) slot, counted by requests only; the weight is still
