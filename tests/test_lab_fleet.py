@@ -60,13 +60,15 @@ def test_jitter_is_reproducible_from_the_seed() -> None:
     assert np.array_equal(a.latencies, b.latencies)
 
 
-def test_a_lone_client_polls_on_the_dot_whatever_the_jitter() -> None:
+def test_a_lone_client_polls_on_the_dot_whatever_the_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", "1")  # the regular grid only (no fast ramp polls)
     trace = simulate(few_clients(1, 0.5, duration_s=60.0), policy_factory=lambda: load_policy("adaptive"))
     assert np.allclose(gaps(trace)[0], 12.0)
 
 
-def test_jitter_is_on_by_default_and_checked() -> None:
-    assert scenario_from_dict({"name": "x"}).clients.poll_jitter == 0.1
+def test_jitter_is_off_by_default_and_checked() -> None:
+    # Off by default, as the live poller (every POLL_S from its own start); fleet-1000 sets 0.1.
+    assert scenario_from_dict({"name": "x"}).clients.poll_jitter == 0.0
     for bad in (-0.1, 1.0, 2):
         with pytest.raises(ValueError, match="poll_jitter"):
             scenario_from_dict({"name": "x", "clients": {"poll_jitter": bad}})

@@ -93,7 +93,7 @@ def time_to_fraction(
 
 def preemptions_after(trace: Trace, after_s: float) -> int:
     """Preemptions from ``after_s`` to the end of the run (the trace's cumulative count, sampled)."""
-    if not len(trace.time):
+    if not len(trace.time) or not len(trace.preemptions):
         return 0
     start = int(np.searchsorted(trace.time, min(after_s, float(trace.time[-1])), side="left"))
     return round(float(trace.preemptions[-1] - trace.preemptions[start]))
