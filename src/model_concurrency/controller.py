@@ -39,7 +39,10 @@ from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
 
-__all__ = ["CallRecorder", "ControllerCore"]
+__all__ = ["THROTTLED", "CallRecorder", "ControllerCore"]
+
+# The HTTP statuses that mean "slow down": counted as throttled (and failed), never as a success.
+THROTTLED = (429, 503)
 
 log = logging.getLogger("model_concurrency")
 
@@ -249,7 +252,7 @@ class CallRecorder:
             self.calls += 1
             if not ok:
                 self.errors += 1
-            if status in (429, 503):
+            if status in THROTTLED:
                 self.throttled += 1
             if math.isfinite(latency_s) and latency_s >= 0:
                 self.latency_sum += latency_s

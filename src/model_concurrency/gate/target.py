@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from model_concurrency.config import get_model
+from model_concurrency.controller import THROTTLED
 from model_concurrency.gate.hold import retry_after_from_exception
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
@@ -37,8 +38,6 @@ __all__ = [
 
 log = logging.getLogger("model_concurrency")
 
-# The statuses that mean "slow down" (the controller's CallRecorder counts the same two as throttled).
-THROTTLED = (429, 503)
 REFRESH_EVERY = 16
 REFRESH_S = 0.1
 
