@@ -47,6 +47,16 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap is None
 
 
+def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
+    guard = GrowthGuard()
+    guard.bound(32, 256, interval(0, 32, 25, 1.2))
+    guard.bound(32, 256, interval(10, 32, 25, 1.2))  # 32 in flight = 25/s x 1.28 s: steady, a sample
+    # Right after a jump to 256, the calls that finish were started at the old load: 26/s at 1.7 s explains 44 in
+    # flight, not 256. Growth that has not had a call's latency to show up is not judged.
+    assert guard.bound(256, 257, interval(20, 256, 26, 1.7)) == 257
+    assert guard.cap is None and len(guard.samples) == 1
+
+
 def test_guard_lets_growth_that_buys_completions_through() -> None:
     guard = GrowthGuard()
     guard.bound(8, 16, interval(0, 8, 100, 0.08))

@@ -75,12 +75,35 @@ def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None
 def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0)
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
-    # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours: 0.9 × 128.
-    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(115.2)
-    assert p.w_max == pytest.approx(128) and p.capacity(12.0) == 128
+    # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours. `running` rose by 124 of
+    # our 180, so it may still be admitting the burst: one poll's hold, nothing learnt.
+    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(184)
+    assert p.w_max is None and p.capacity(12.0) is None and p.held
+    # Still 128 running: the engine is full, not admitting. Cut to 0.9 × 128.
+    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=14.0)) == pytest.approx(115.2)
+    assert p.w_max == pytest.approx(128) and p.capacity(14.0) == 128
     assert not p.ramping
     # Below the goal: +1 a poll, no second jump.
-    assert p.next_target(115.2, poll(115.2, kv=0.576, time=24.0)) == pytest.approx(116.2)
+    assert p.next_target(115.2, poll(115.2, kv=0.576, time=26.0)) == pytest.approx(116.2)
+
+
+def test_a_burst_the_engine_is_still_admitting_is_not_a_capacity() -> None:
+    p = Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0)
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
+    # A fast poll lands while the engine admits the jump over several steps: 150 running, 34 waiting.
+    assert p.next_target(184, poll(184, running=150, waiting=34, kv=0.75, time=2.0)) == pytest.approx(184)
+    # The next poll finds all 184 running and nothing waiting: the jump stands and becomes W_max.
+    assert p.next_target(184, poll(184, kv=0.9, time=4.0)) == pytest.approx(185)
+    assert p.w_max == pytest.approx(184) and p.capacity(4.0) is None
+
+
+def test_a_cut_inferred_from_an_earlier_capacity_does_not_record_it_again() -> None:
+    p = Adaptive()
+    p.samples.append((0.0, 200.0))
+    p.w_max = 180.0
+    # `running` is back at the capacity learnt at t=0, with nothing waiting: cut, but learn nothing new.
+    assert p.next_target(220, poll(220, running=200, kv=0.3, time=700.0)) == pytest.approx(0.9 * 220)
+    assert list(p.samples) == [(0.0, 200.0)]
 
 
 def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:

@@ -8,7 +8,9 @@ the queue moved out of the engine's sight). The guard watches exactly that, from
 hosted endpoint gives, so it works whatever signal source feeds the policy:
 
 * every poll with at least ``min_calls`` completions gives a sample: concurrency (the interval's mean in flight),
-  completion rate and mean latency. The last ``window`` samples are kept;
+  completion rate and mean latency, provided they agree with Little's law (concurrency ≈ rate × latency within
+  ``steady``; otherwise the load changed within a call's latency and the rate describes an older load). The
+  last ``window`` samples are kept;
 * the knee is the lowest concurrency among the samples within ``rate_tolerance`` of the best rate;
 * when the current sample runs ``over_knee`` × the knee's concurrency or more, with latency ``latency_rise`` ×
   the knee's or more, growth bought nothing: the guard caps the target at the knee. The cap then rises by
@@ -53,6 +55,10 @@ class GrowthGuard:
         probe: the cap rises by this fraction a poll once set.
         outage_latency: during an outage, mean latency past this many times the baseline is trouble.
         baseline_window: polls in the latency baseline's EWMA (good polls only).
+        steady: a poll counts as a sample only while in flight is within this factor of rate × latency (Little's
+            law). Completions lag concurrency by a call's latency, so right after a step (a ramp's fast polls,
+            calls of several seconds) the rate still reflects the old load and would read as growth that
+            bought nothing.
     """
 
     enabled: bool = True
@@ -64,6 +70,7 @@ class GrowthGuard:
     probe: float = 0.1
     outage_latency: float = 1.5
     baseline_window: float = 20.0
+    steady: float = 1.5
     samples: deque[Sample] = field(init=False)
     cap: float | None = field(default=None, init=False)
     baseline_latency: float | None = field(default=None, init=False)
@@ -75,6 +82,8 @@ class GrowthGuard:
             raise ValueError("window must be >= 2 and min_calls >= 1")
         if not (self.over_knee > 1 and self.latency_rise > 1 and self.outage_latency > 1):
             raise ValueError("over_knee, latency_rise and outage_latency must be > 1")
+        if not self.steady > 1:
+            raise ValueError("steady must be > 1")
         if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
             raise ValueError("rate_tolerance must be in [0, 1) and probe >= 0")
         self.samples = deque(maxlen=self.window)
@@ -91,7 +100,10 @@ class GrowthGuard:
         concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
         if concurrency <= 0:
             return None
-        return Sample(concurrency, obs.client_calls / (obs.time - before), latency)
+        rate = obs.client_calls / (obs.time - before)
+        if not 1 / self.steady <= concurrency / (rate * latency) <= self.steady:
+            return None  # Little's law does not hold: the load moved within a call's latency (a ramp, a cut)
+        return Sample(concurrency, rate, latency)
 
     def _knee(self) -> Sample | None:
         if len(self.samples) < 2:

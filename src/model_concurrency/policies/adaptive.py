@@ -137,6 +137,7 @@ class Adaptive:
     blocks: float | None = field(default=None, init=False)
     idle: IdleClock = field(default_factory=IdleClock, init=False)
     jump_to: float | None = field(default=None, init=False)
+    held: bool = field(default=False, init=False)
     alone: bool = field(default=True, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
@@ -195,7 +196,7 @@ class Adaptive:
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
-            self.w_max, self.probes = None, 0
+            self.w_max, self.probes, self.held = None, 0, False
             self.samples.clear()
 
     def _rescale(self, obs: Observation) -> float | None:
@@ -209,18 +210,40 @@ class Adaptive:
         factor = blocks / before
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
-    def _saturated(self, obs: Observation) -> bool:
-        """Capacity-waiting, or (KV-bound engines) preemptions since the last poll or KV usage at ``kv_high``."""
-        if obs.waiting_capacity > 0:
-            return True
-        if self.cut_on_preemption and obs.preemptions > 0:
-            return True
+    def _saturated(self, obs: Observation) -> str | None:
+        """Why this poll counts as saturated, or None.
+
+        ``"engine"``: capacity-waiting, or (KV-bound engines) preemptions since the last poll or KV usage at
+        ``kv_high``, the engine's own word. ``"inferred"``: ``running`` is back at the capacity learnt earlier."""
+        if obs.waiting_capacity > 0 or (self.cut_on_preemption and obs.preemptions > 0):
+            return "engine"
+        kv = obs.kv_cache_usage
+        if self.kv_high < 1 and kv is not None and kv >= self.kv_high:
+            return "engine"
         if self.full_is_saturated and obs.running > 0:
             capacity = self.capacity(obs.time)
             if capacity is not None and capacity - 0.5 <= obs.running <= capacity + 0.5:
-                return True
-        kv = obs.kv_cache_usage
-        return self.kv_high < 1 and kv is not None and kv >= self.kv_high
+                return "inferred"
+        return None
+
+    def _admitting(self, obs: Observation) -> bool:
+        """The first ramp's step found the engine still taking it in: hold the target for one more poll.
+
+        An engine admits a burst over several steps (its per-step token budget), so a fast poll soon after a
+        jump can see capacity-waiting while ``running`` is still climbing toward the limit. Cutting to that
+        ``running`` would record a capacity the engine does not have (measured on ``ramp``: a 2 s poll saw 203 of
+        256 running, and the target settled at 0.77x the knee). If ``running`` rose by at least half of our
+        growth since the previous poll, the engine was absorbing it: wait one poll. A full engine shows a flat
+        ``running`` then, and the saturated rule cuts as usual. At most once per first ramp, and only on the
+        jump's path (``wants_fast_polls``), where the next poll comes soon; a doubling ramp shared with other
+        clients cuts at once."""
+        load = self.startup_load
+        if not self.wants_fast_polls or load is None or self.held:
+            return False
+        self.held = True  # one hold per first ramp at most
+        self.startup_load = (float(obs.inflight), obs.running)
+        grew = obs.inflight - load[0]
+        return grew > 0 and obs.running - load[1] >= 0.5 * grew
 
     def _rate(self, obs: Observation) -> float | None:
         """Our own completions per second since the previous poll, or None on the first poll."""
@@ -337,9 +360,16 @@ class Adaptive:
             self.probes = 0
             if factor < 1 or not app_limited(obs, target, self.near_full):
                 return target * factor
-        if self._saturated(obs):
+        why = self._saturated(obs)
+        if why is not None:
+            if self._admitting(obs):
+                return target
             served = sustainable(obs)
-            self.samples.append((obs.time, obs.running))
+            if why == "engine":
+                # Only the engine's own word is a capacity sample. A cut inferred from an earlier sample must not
+                # re-record it: one sample taken while the engine was still admitting a burst would then keep
+                # the target under the true limit for as long as the window lasts.
+                self.samples.append((obs.time, obs.running))
             self.probes, self.startup_rate, self.startup_load = 0, None, None
             if served is None:  # none of the queue is ours
                 return target
