@@ -80,14 +80,15 @@ def study() -> object:
 
 
 @pytest.mark.slow
-def test_adaptive_keeps_goodput_and_queues_less_than_aimd(study: object) -> None:
+def test_adaptive_keeps_goodput_with_the_queue_near_the_oracles(study: object) -> None:
     for scenario in ("ramp", "gpu-added"):
         adaptive, aimd = study.row(scenario, "adaptive"), study.row(scenario, "aimd")  # type: ignore[attr-defined]
         assert adaptive["goodput_ratio"] >= 0.95
         assert adaptive["goodput_ratio"] >= aimd["goodput_ratio"] - 0.01
-        # The growth guard (guard.py) now runs beside every policy and stops aimd's overshoot too (ramp at this
-        # scale: aimd saturated 0.35 without it, 0 with it), so the difference that remains is the queue's tail.
-        assert adaptive["queue_time_p99_s"] <= aimd["queue_time_p99_s"]
+        # The growth guard (guard.py) runs beside every policy and stops aimd's overshoot too, and aimd now stays
+        # below the knee for most of the run (0.75-0.81 of the oracle's goodput at this scale), so its queue is
+        # no yardstick: the oracle's is (issue 15's goal, p99 queue <= 2x the oracle's).
+        assert adaptive["queue_time_p99_s"] <= 2 * adaptive["oracle_queue_time_p99_s"]
         assert adaptive["saturated_fraction"] <= 0.05
 
 

@@ -40,6 +40,9 @@ def test_prometheus_sums_two_emulator_replicas() -> None:
             assert snap.success_total == 8
             assert snap.running == 0 and snap.waiting_capacity == 0
             assert snap.queue_time_count_total == 8
+            # The KV pools of all three engines, so the token budget and the first ramp's jump work on a fleet too.
+            assert snap.kv_num_blocks == sum(d.kv_num_blocks or 0 for d in direct) and snap.kv_num_blocks
+            assert snap.kv_tokens == sum(d.kv_tokens or 0 for d in direct)
 
             register_model("fleet", base_url=a.base_url, prometheus_url=prom, served_model_name=a.model)
             controller = controller_for("fleet")

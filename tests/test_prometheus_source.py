@@ -45,6 +45,8 @@ def test_sum_over_two_replicas() -> None:
             assert snap.waiting == 3
             assert snap.kv_cache_usage == 0.8
             assert snap.success_total == 6
+            # Each replica's one engine of this model states a pool of 4,096 blocks of 16 tokens; "other" is not ours.
+            assert snap.kv_num_blocks == 2 * 4096 and snap.kv_tokens == 2 * 4096 * 16
             assert asyncio.run(source.aread()) == snap
 
             # Through the registry: a model with prometheus_url polls the fleet source.
@@ -86,3 +88,17 @@ def test_malformed_answers_are_metrics_errors() -> None:
     )
     with pytest.raises(MetricsError, match="implausible"):
         _snapshot(_vector(answer), [])
+
+
+def test_pool_series_without_a_model_name_count_and_other_models_do_not() -> None:
+    summed = [({"__name__": "vllm:num_requests_running"}, 3.0)]
+    pools = [
+        ({"__name__": "vllm:cache_config_info", "num_gpu_blocks": "100", "block_size": "16"}, 1.0),
+        ({"__name__": "vllm:cache_config_info", "model_name": SERVED, "num_gpu_blocks": "50"}, 1.0),
+        ({"__name__": "vllm:cache_config_info", "model_name": "other", "num_gpu_blocks": "7", "block_size": "16"}, 1.0),
+        ({"__name__": "vllm:cache_config_info", "num_gpu_blocks": "n/a"}, 1.0),
+    ]
+    snap = _snapshot(summed, [], pools, SERVED)
+    # 100 + 50 blocks; tokens only where the block size is stated.
+    assert snap.kv_num_blocks == 150 and snap.kv_tokens == 1600
+    assert _snapshot(summed, []).kv_num_blocks is None

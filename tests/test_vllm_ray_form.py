@@ -94,8 +94,9 @@ def test_prometheus_answer_in_ray_form() -> None:
     assert (snap.running, snap.waiting, snap.kv_cache_usage) == (40, 2, 0.9)
     with pytest.raises(MetricsError, match="both"):
         _snapshot(_vector(answer(("ray_vllm_num_requests_running", 4), ("vllm:num_requests_running", 4))), [])
-    summed, maxed = PrometheusSource("http://127.0.0.1:9090", LLAMA).queries()
+    summed, maxed, pools = PrometheusSource("http://127.0.0.1:9090", LLAMA).queries()
     assert "ray_vllm_num_requests_running" in summed and "ray_vllm_kv_cache_usage_perc" in maxed
+    assert "ray_vllm_cache_config_info" in pools
     assert "ray_vllm_num_preemptions|" in summed  # the bare counter spelling too
     bare_and_total = answer(
         ("ray_vllm_num_requests_running", 1), ("ray_vllm_num_preemptions", 4), ("ray_vllm_num_preemptions_total", 5)

@@ -1,12 +1,15 @@
 """A fleet's signals from a Prometheus server, for models served by several replicas behind a balancer.
 
 Behind a load balancer, ``/metrics`` reaches one replica per scrape, so the sum a controller needs lives in a
-Prometheus server that scrapes every replica. Two instant queries per poll, through the same guarded fetch as a
+Prometheus server that scrapes every replica. Three instant queries per poll, through the same guarded fetch as a
 ``/metrics`` scrape (caps, deadline, no cross-origin redirects):
 
 * ``sum by (__name__, reason) ({__name__=~"<counts and counters>", model_name="<served>"})``: running, waiting,
   waiting by reason, preemptions, successes, queue-time sum and count, summed over replicas and engines;
-* ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage.
+* ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage;
+* ``{__name__=~"<cache_config_info>"} and on (instance) <running of the served model>``: each engine's KV pool
+  (block count and size are labels, so the series are read one by one and summed here). The join keeps the info
+  gauges of the servers that run the model, since some vLLM releases leave ``model_name`` off them.
 
 Both spellings are asked for: vLLM's own (``vllm:num_requests_running``) and the one a Ray metrics agent exports
 for engines inside Ray (``ray_vllm_num_requests_running``, see :mod:`model_concurrency.signals.vllm`); a model
@@ -26,6 +29,7 @@ import httpx
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
+    CACHE_CONFIG,
     KV_USAGE,
     PREEMPTIONS,
     QUEUE_COUNT,
@@ -37,6 +41,7 @@ from model_concurrency.signals.vllm import (
     WAITING_BY_REASON,
     MetricsError,
     accumulate,
+    add_cache_config,
     check_plausible,
     prefer_total_counters,
     ray_forms,
@@ -46,6 +51,7 @@ from model_concurrency.signals.vllm import (
 
 __all__ = ["PrometheusSource", "promql_string"]
 
+Vector = list[tuple[dict[str, str], float]]
 _SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT)
 
 
@@ -54,13 +60,16 @@ def promql_string(value: str) -> str:
     return json.dumps(value)
 
 
+def _names(names: tuple[str, ...]) -> str:
+    """A ``__name__`` regex matching ``names`` in both spellings."""
+    return "|".join(name.replace(".", "\\\\.") for name in (*names, *ray_forms(names)))
+
+
 def _selector(names: tuple[str, ...], served: str) -> str:
-    both_forms = (*names, *ray_forms(names))
-    pattern = "|".join(name.replace(".", "\\\\.") for name in both_forms)
-    return f'{{__name__=~"{pattern}",model_name={promql_string(served)}}}'
+    return f'{{__name__=~"{_names(names)}",model_name={promql_string(served)}}}'
 
 
-def _vector(text: str) -> list[tuple[dict[str, str], float]]:
+def _vector(text: str) -> Vector:
     try:
         payload = json.loads(text)
         if payload.get("status") != "success":
@@ -79,7 +88,8 @@ def _vector(text: str) -> list[tuple[dict[str, str], float]]:
         raise MetricsError(f"malformed prometheus answer: {type(exc).__name__}: {exc}") from None
 
 
-def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict[str, str], float]]) -> EngineSnapshot:
+def _snapshot(summed: Vector, maxed: Vector, pools: Vector | None = None, served: str = "") -> EngineSnapshot:
+    """The fleet's snapshot from the three answers; ``pools`` (KV pool info series) may be absent."""
     totals: dict[str, float] = {}
     capacity: float | None = None
     ray_forms = {vllm_name(n) != n for n in (labels.get("__name__", "") for labels, _ in summed)}
@@ -95,7 +105,13 @@ def _snapshot(summed: list[tuple[dict[str, str], float]], maxed: list[tuple[dict
         raise MetricsError(f"prometheus has no {RUNNING} series for the model")
     prefer_total_counters(totals, bare)
     kv = [check_plausible(labels.get("__name__", "kv"), value, 1.0) for labels, value in maxed]
-    return snapshot_from_totals(totals, capacity, max(kv) if kv else None, None)
+    blocks: int | None = None
+    tokens: int | None = None
+    for labels, _ in pools or ():
+        model = labels.get("model_name")
+        if model is None or model == served:
+            blocks, tokens = add_cache_config(labels, blocks, tokens)
+    return snapshot_from_totals(totals, capacity, max(kv) if kv else None, blocks, tokens)
 
 
 @dataclass(slots=True)
@@ -113,11 +129,12 @@ class PrometheusSource:
     def description(self) -> str:
         return f"{self.prometheus_url} (PromQL, model_name={self.served_model_name!r})"
 
-    def queries(self) -> tuple[str, str]:
+    def queries(self) -> tuple[str, str, str]:
         served = self.served_model_name
         return (
             f"sum by (__name__, reason) ({_selector(_SUMMED, served)})",
             f"max by (__name__) ({_selector(KV_USAGE, served)})",
+            f'{{__name__=~"{_names((CACHE_CONFIG,))}"}} and on (instance) {_selector((RUNNING,), served)}',
         )
 
     def _url(self, query: str) -> str:
@@ -125,11 +142,9 @@ class PrometheusSource:
         return str(httpx.URL(f"{base}/api/v1/query", params={"query": query}))
 
     def read(self) -> EngineSnapshot:
-        summed, maxed = (_vector(fetch_text(self._url(q), limits=self.limits)) for q in self.queries())
-        return _snapshot(summed, maxed)
+        summed, maxed, pools = (_vector(fetch_text(self._url(q), limits=self.limits)) for q in self.queries())
+        return _snapshot(summed, maxed, pools, self.served_model_name)
 
     async def aread(self) -> EngineSnapshot:
-        summed_q, max_q = self.queries()
-        summed = _vector(await afetch_text(self._url(summed_q), limits=self.limits))
-        maxed = _vector(await afetch_text(self._url(max_q), limits=self.limits))
-        return _snapshot(summed, maxed)
+        summed, maxed, pools = [_vector(await afetch_text(self._url(q), limits=self.limits)) for q in self.queries()]
+        return _snapshot(summed, maxed, pools, self.served_model_name)

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_PLAUSIBLE",
     "MetricsError",
     "accumulate",
+    "add_cache_config",
     "check_plausible",
     "parse_vllm_metrics",
     "prefer_total_counters",
@@ -137,12 +138,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             raise MetricsError(f"duplicate series {raw_name}{labels}")
         seen.add(key)
         if name == CACHE_CONFIG:
-            blocks = labels.get("num_gpu_blocks")
-            if blocks is not None and blocks.isdigit():
-                kv_blocks = (kv_blocks or 0) + int(blocks)
-                size = labels.get("block_size")
-                if size is not None and size.isdigit():
-                    kv_tokens = (kv_tokens or 0) + int(blocks) * int(size)
+            kv_blocks, kv_tokens = add_cache_config(labels, kv_blocks, kv_tokens)
             continue
         if name in KV_USAGE:
             check_plausible(name, value, upper=1.0)
@@ -155,6 +151,21 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
     prefer_total_counters(totals, bare)
     return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens)
+
+
+def add_cache_config(labels: dict[str, str], blocks: int | None, tokens: int | None) -> tuple[int | None, int | None]:
+    """Add one engine's ``cache_config_info`` labels to the running block and token totals.
+
+    The pool is stated in labels (``num_gpu_blocks``, ``block_size``), not in the value; an engine that leaves
+    them out (or spells them oddly) adds nothing rather than a guess."""
+    count = labels.get("num_gpu_blocks")
+    if count is None or not count.isdigit():
+        return blocks, tokens
+    blocks = (blocks or 0) + int(count)
+    size = labels.get("block_size")
+    if size is not None and size.isdigit():
+        tokens = (tokens or 0) + int(count) * int(size)
+    return blocks, tokens
 
 
 def accumulate(
