@@ -30,6 +30,8 @@ __all__ = [
     "register_model",
     "registered_models",
     "setting",
+    "spec_fields",
+    "spec_from_table",
     "unregister_all",
 ]
 
@@ -225,16 +227,25 @@ def register_model(
     return spec
 
 
-def _spec_from_table(name: str, table: Mapping[str, Any]) -> ModelSpec:
-    table = dict(table)
-    key_env = table.pop("api_key_env", None)
+def spec_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``[models.NAME]`` table as :func:`register_model`'s keyword arguments; unknown keys are an error.
+
+    ``api_key_env`` is resolved here, in the process that makes the calls, so a secret never travels inside a
+    config (a file, or a mapping pickled to Ray workers)."""
+    fields = dict(table)
+    key_env = fields.pop("api_key_env", None)
     if key_env:
-        table["api_key"] = os.environ.get(str(key_env))
-    unknown = set(table) - set(ModelSpec.__dataclass_fields__)
+        fields["api_key"] = os.environ.get(str(key_env))
+    unknown = set(fields) - set(ModelSpec.__dataclass_fields__)
     if unknown:
         raise ValueError(f"model {name!r}: unknown keys {sorted(unknown)}")
-    table.pop("name", None)
-    return _make_spec(name, **table)
+    fields.pop("name", None)
+    return fields
+
+
+def spec_from_table(name: str, table: Mapping[str, Any]) -> ModelSpec:
+    """The spec a ``[models.NAME]`` table describes, checked but not registered."""
+    return _make_spec(name, **spec_fields(name, table))
 
 
 def load_config(path: str | os.PathLike[str]) -> list[ModelSpec]:
@@ -245,7 +256,7 @@ def load_config(path: str | os.PathLike[str]) -> list[ModelSpec]:
     models = data.get("models", {})
     if not isinstance(models, dict):
         raise ValueError(f"{path}: [models] must be a table of tables")
-    specs = [_spec_from_table(name, table) for name, table in models.items()]
+    specs = [spec_from_table(name, table) for name, table in models.items()]
     with _lock:
         _from_file.clear()
         _from_file.update({spec.name: spec for spec in specs})

@@ -31,7 +31,7 @@ from model_concurrency import (
     register_model,
 )
 from model_concurrency import config as _config
-from model_concurrency.config import registered_models
+from model_concurrency.config import registered_models, spec_fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,16 +75,9 @@ def _specs_from_mapping(config: Mapping[str, Any]) -> list[ModelSpec]:
     for name, table in tables.items():
         if not isinstance(table, Mapping):
             raise ValueError(f"model {name!r}: expected a table, got {type(table).__name__}")
-        table = dict(table)
-        key_env = table.pop("api_key_env", None)
-        if key_env:
-            # The secret is read where it is used: it never travels in the pickled config.
-            table["api_key"] = os.environ.get(str(key_env))
-        unknown = set(table) - _SPEC_FIELDS
-        if unknown:
-            raise ValueError(f"model {name!r}: unknown keys {sorted(unknown)}")
-        table.setdefault("base_url", None)
-        specs.append(register_model(str(name), **table))
+        fields = spec_fields(str(name), table)  # the secret is read here, where it is used
+        fields.setdefault("base_url", None)
+        specs.append(register_model(str(name), **fields))
     return specs
 
 

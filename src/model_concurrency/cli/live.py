@@ -306,7 +306,7 @@ def load_watch_config(path: str) -> None:
             if key in table and not isinstance(table[key], str):
                 raise ValueError(f"--config {path}: model {name!r}: {key} = {table[key]!r}: expected a string")
         try:
-            config._spec_from_table(name, table)
+            config.spec_from_table(name, table)
         except (ValueError, TypeError, AttributeError) as exc:
             reason = str(exc).removeprefix(f"model {name!r}: ")
             raise ValueError(f"--config {path}: model {name!r}: {reason}") from None
