@@ -39,6 +39,10 @@ class IdleClock:
             self.since = obs.time
         return obs.time - self.since
 
+    def idle_past(self, obs: Observation, seconds: float) -> bool:
+        """True when this poll ends an idle spell of at least ``seconds``: what was learnt is stale, forget it."""
+        return self.idle_for(obs) >= seconds and self.since is not None
+
 
 def own_share(obs: Observation) -> float:
     """This process's fraction of the engine's load: ``inflight / (running + waiting)``, 1 when alone, in [0, 1].

@@ -195,7 +195,7 @@ class Adaptive:
         return max(known) if known else None
 
     def _track_idle(self, obs: Observation) -> None:
-        if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
+        if self.idle.idle_past(obs, self.idle_s):
             self.w_max, self.probes, self.held = None, 0, False
             self.samples.clear()
 

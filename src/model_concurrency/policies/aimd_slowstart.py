@@ -63,7 +63,7 @@ class AIMDSlowStart(PolicyBase):
         )
 
     def _track_idle(self, obs: Observation) -> None:
-        if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
+        if self.idle.idle_past(obs, self.idle_s):
             self.in_slow_start = True
 
     def next_target(self, target: float, obs: Observation) -> float:
