@@ -142,7 +142,6 @@ class Adaptive:
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
-    ramp_seen: tuple[float, float] | None = field(default=None, init=False)
     samples: deque[tuple[float, float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -197,7 +196,7 @@ class Adaptive:
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_for(obs) >= self.idle_s and self.idle.since is not None:
-            self.w_max, self.probes, self.held, self.ramp_seen = None, 0, False, None
+            self.w_max, self.probes, self.held = None, 0, False
             self.samples.clear()
 
     def _rescale(self, obs: Observation) -> float | None:
@@ -291,23 +290,6 @@ class Adaptive:
         bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
         return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
 
-    def _in_transit(self, obs: Observation) -> bool:
-        """The jump's path: our last step has not reached the engine yet, so this poll cannot judge it.
-
-        Alone on the engine, every request of ours that reached it is in ``running + waiting``. When that load
-        rose by less than half of our growth in flight since the last judged poll, the rest is still on its way
-        (connections opening, the API server, the network): measured live (``benchmarks/live_peers.py``, bge-m3)
-        a fast poll 0.1 s after a jump 4 -> 32 saw 3 running and nothing waiting, and 0.25 s after 32 -> 256, 29.
-        Judged then, the engine-full and rate tests read the engine as full and the jump as a floor under a
-        capacity it had not seen (``W_max`` 16, and 256 on an engine of 64). Such a poll holds the target and
-        keeps the baseline, so the next poll judges the whole step. A bottleneck in front of the engine holds the
-        ramp where it is, which is also right: growth there buys nothing the engine sees."""
-        seen, load = self.ramp_seen, obs.running + obs.waiting
-        if seen is not None and obs.inflight > seen[0] and load - seen[1] < 0.5 * (obs.inflight - seen[0]):
-            return True
-        self.ramp_seen = (float(obs.inflight), load)
-        return False
-
     def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
         """Alone on the engine, jump once toward the KV bound; otherwise, or without the figures, double.
 
@@ -316,12 +298,8 @@ class Adaptive:
         doubling from there would overshoot the sequence limit, which lies somewhere below the KV bound, for a
         whole poll). With an estimate no answer exceeds ``max(target, bound)``; the first saturated poll cuts
         to the served share (the saturated rule)."""
-        estimate = self.kv_estimate(obs)
-        jump_path = estimate is not None and self.kv_jump and self.alone
-        if jump_path and self._in_transit(obs):
-            return target
-        grown = self._startup(target, obs, None if jump_path else rate)
-        jumped, self.jump_to = self.jump_to, None
+        grown = self._startup(target, obs, rate)
+        estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
         if estimate is None:
             return grown
         if self.ramping and jumped is not None and target >= jumped - 1:
@@ -353,7 +331,7 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return target + self.increase_step
-        if self.engine_full_exit and load is not None and not self.alone:
+        if self.engine_full_exit and load is not None:
             grew = obs.inflight - load[0]
             if grew > 0 and obs.running - load[1] < 0.5 * grew:
                 before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
