@@ -21,12 +21,14 @@ gives issue 15's goal ratios: ours ÷ the best static's makespan and p99, and ou
     .venv/bin/python benchmarks/live_peers.py --items 1000 --statics 64,256
     .venv/bin/python benchmarks/live_peers.py --items 1500 --statics 64,128,256 --repeat 3 --no-peers
     .venv/bin/python benchmarks/live_peers.py --items 5000 --statics 64,128,256 --repeat 3 --no-peers --no-floor
+    .venv/bin/python benchmarks/live_peers.py --items 1500 --statics 128 --no-peers --no-floor -v  # our polls
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing
 import os
 import statistics
@@ -209,7 +211,9 @@ def ours_setup(args: argparse.Namespace) -> Callable[[Emulator], None]:
         os.environ["MODEL_CONCURRENCY_POLL_S"] = str(0.0125 / args.time_scale)
         os.environ["MODEL_MAX_CONCURRENCY"] = str(CEILING)
         reset_runtimes()
-        register_model("bge-m3", base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=FLOOR)
+        register_model(
+            "bge-m3", base_url=f"{emu.url}/v1", served_model_name=emu.model, max_parallel_calls=args.ours_floor
+        )
 
     return setup
 
@@ -238,6 +242,8 @@ async def main(args: argparse.Namespace) -> list[Result]:
     from model_concurrency import config
 
     ours = f"model-concurrency ({config.setting(*config.POLICY)})"
+    if args.ours_floor != FLOOR:
+        ours += f" floor {args.ours_floor}"
     configs: list[tuple[str, Runner, Callable[[Emulator], None]]] = [
         (ours, ours_run, ours_setup(args)),
         *([(f"static {FLOOR} (floor)", static(FLOOR), no_setup)] if args.floor else []),
@@ -302,9 +308,28 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration; rows are their medians")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip the third-party libraries")
     parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip static at the floor (slow)")
+    parser.add_argument(
+        "--ours-floor",
+        type=int,
+        default=FLOOR,
+        help="our floor (the static setting and where the ramp starts); at the engine's 64 the ramp costs nothing, "
+        "which tells the ramp's share of the gap from the steady state's",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log our controller's decision at every poll to stderr"
+    )
     args = parser.parse_args()
+    if args.verbose:
+        # Each poll's line (controller.py, DEBUG) with seconds since the benchmark started: where our run's time
+        # went (the ramp, a cut, the probes after the capacity change).
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(relativeCreated)9.0f ms %(message)s"))
+        logging.getLogger("model_concurrency").addHandler(handler)
+        logging.getLogger("model_concurrency").setLevel(logging.DEBUG)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.ours_floor < 1:
+        parser.error("--ours-floor must be >= 1")
     t0 = time.perf_counter()
     results = asyncio.run(main(args))
     print(table(results))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -165,3 +167,21 @@ def test_policy_may_pin_its_own_grace() -> None:
     core.update(grow(4))
     assert core.target == 50
     assert core.fail(now=1, reason="x") == 4
+
+
+def test_each_good_poll_logs_its_decision_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100)
+    with caplog.at_level(logging.DEBUG, logger="model_concurrency"):
+        core.update(Observation(running=3, waiting=2, waiting_capacity=1, inflight=4, time=1.5))
+    (record,) = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert record.getMessage() == (
+        "poll at 1.500: target 4.0 -> 100.0 (policy 300.0), in flight 4, running 3, waiting 2 (capacity 1), "
+        "kv n/a, calls 0"
+    )
+
+
+def test_no_decision_log_above_debug(caplog: pytest.LogCaptureFixture) -> None:
+    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100)
+    with caplog.at_level(logging.INFO, logger="model_concurrency"):
+        core.update(grow(4))
+    assert not caplog.records

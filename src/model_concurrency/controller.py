@@ -192,7 +192,25 @@ class ControllerCore:
             proposed = self.target_value
         elif answer is not None:
             self.token_budget = _tokens(answer)
+        before = self.target_value
         self.target_value = self._clamp(min(proposed, self.guard.bound(self.target_value, proposed, obs)))
+        if log.isEnabledFor(logging.DEBUG):
+            # One line per good poll: what the engine showed and what was decided, to tell afterwards where a run's
+            # time went (a ramp, a cut, a guard cap). Off unless asked for: the lab runs thousands of clients.
+            log.debug(
+                "poll at %.3f: target %.1f -> %.1f (policy %.1f), in flight %d, running %g, waiting %g "
+                "(capacity %g), kv %s, calls %d",
+                obs.time,
+                before,
+                self.target_value,
+                proposed,
+                obs.inflight,
+                obs.running,
+                obs.waiting,
+                obs.waiting_capacity,
+                "n/a" if obs.kv_cache_usage is None else f"{obs.kv_cache_usage:.4f}",
+                obs.client_calls,
+            )
         return self.target
 
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
