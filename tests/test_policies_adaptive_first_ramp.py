@@ -247,3 +247,14 @@ def test_one_block_a_sequence_says_little_and_the_cap_keeps_the_jump_to_eight_ti
 def test_the_cap_is_checked() -> None:
     with pytest.raises(ValueError, match="jump_max_factor must be >= slow_start_factor"):
         Adaptive(jump_max_factor=1.5)
+
+
+def test_running_past_every_capacity_sample_forgets_them() -> None:
+    p = Adaptive()
+    p.samples.append((0.0, 64.0))
+    p.w_max = 64.0
+    # A raised sequence limit (no KV-block change, so no rescale): the engine now runs 80. The old 64 is no
+    # limit any more, so a later poll that passes through 64 running is not "full".
+    p.next_target(80, poll(80, kv=0.4, time=12.0))
+    assert p.capacity(12.0) is None
+    assert p.next_target(90, poll(90, running=64, kv=0.3, time=24.0)) > 90

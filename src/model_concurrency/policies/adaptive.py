@@ -360,6 +360,12 @@ class Adaptive:
             self.probes = 0
             if factor < 1 or not app_limited(obs, target, self.near_full):
                 return target * factor
+        capacity = self.capacity(obs.time)
+        if capacity is not None and obs.running > capacity + 0.5:
+            # The engine runs more than it ever did while saturated: its limit rose without a KV-block change (a
+            # raised max_num_seqs), or a sample caught it mid-admission. Either way the samples are stale, and the
+            # engine-full rule must not cut where the engine used to stop.
+            self.samples.clear()
         why = self._saturated(obs)
         if why is not None:
             if self._admitting(obs):
