@@ -195,6 +195,19 @@ class ControllerCore:
         self.target_value = self._clamp(min(proposed, self.guard.bound(self.target_value, proposed, obs)))
         return self.target
 
+    def note_throttled(self, inflight: int) -> int:
+        """A call came back 429/503: no new call until one of those still in flight has finished. Returns the target.
+
+        Between polls the target is otherwise fixed, so a window far above what the server allows would meet
+        every freed slot with another refused call (a poll's worth of them: thousands on ``rate-limited``).
+        Capping the target at the calls in flight ends that within one round: the server's own pace then drains
+        the window, one refused call per finished call at most, until the poll's throttle cap
+        (:meth:`GrowthGuard.bound`) sizes it from the rate the server allowed. Off with the guard.
+        """
+        if self.guard.enabled:
+            self.target_value = self._clamp(min(self.target_value, float(inflight)))
+        return self.target
+
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
         """A poll that produced no observation (unreachable, garbage, timeout)."""
         return self.update(Observation(ok=False, time=now, inflight=inflight), reason)
@@ -244,7 +257,7 @@ class CallRecorder:
 
     def _reset(self) -> None:
         self.calls = self.errors = self.throttled = 0
-        self.latency_sum = 0.0
+        self.latency_sum = self.ok_latency_sum = 0.0
         self.latency_min: float | None = None
 
     def record(self, latency_s: float, *, ok: bool, status: int | None = None) -> None:
@@ -256,6 +269,8 @@ class CallRecorder:
                 self.throttled += 1
             if math.isfinite(latency_s) and latency_s >= 0:
                 self.latency_sum += latency_s
+                if ok:
+                    self.ok_latency_sum += latency_s
                 self.latency_min = latency_s if self.latency_min is None else min(self.latency_min, latency_s)
 
     def drain(self) -> CallStats:
@@ -266,6 +281,7 @@ class CallRecorder:
                 throttled=self.throttled,
                 latency_sum_s=self.latency_sum,
                 latency_min_s=self.latency_min,
+                ok_latency_sum_s=self.ok_latency_sum,
             )
             self._reset()
             return stats

@@ -71,8 +71,12 @@ class GrowthGuard:
     outage_latency: float = 1.5
     baseline_window: float = 20.0
     steady: float = 1.5
+    throttle_margin: float = 0.95
+    throttle_probe: float = 0.01
     samples: deque[Sample] = field(init=False)
     cap: float | None = field(default=None, init=False)
+    throttle_cap: float | None = field(default=None, init=False)
+    throttle_fired: int = field(default=0, init=False)
     baseline_latency: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
     fired: int = field(default=0, init=False)
@@ -86,6 +90,8 @@ class GrowthGuard:
             raise ValueError("steady must be > 1")
         if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
             raise ValueError("rate_tolerance must be in [0, 1) and probe >= 0")
+        if not (0 < self.throttle_margin <= 1 and self.throttle_probe >= 0):
+            raise ValueError("throttle_margin must be in (0, 1] and throttle_probe >= 0")
         self.samples = deque(maxlen=self.window)
 
     def _sample(self, obs: Observation) -> Sample | None:
@@ -112,8 +118,26 @@ class GrowthGuard:
         plateau = [s for s in self.samples if s.rate >= (1 - self.rate_tolerance) * best]
         return min(plateau, key=lambda s: s.concurrency)
 
+    def _throttle_bound(self, target: float, proposed: float, obs: Observation, before: float | None) -> None:
+        """Set, raise or drop the throttle cap (the concurrency that fits the server's allowed rate)."""
+        if obs.client_throttled > 0:
+            served = obs.client_calls - obs.client_errors
+            latency = obs.client_ok_latency_mean_s
+            fit = None
+            if before is not None and obs.time > before and served > 0 and latency is not None:
+                fit = served / (obs.time - before) * latency  # Little's law at the rate the server allowed
+            if fit is None or not math.isfinite(fit):  # nothing served: the limit is far below; halve
+                fit = min(target, self.throttle_cap if self.throttle_cap is not None else math.inf) / 2
+            self.throttle_cap = max(1.0, self.throttle_margin * fit)
+            self.throttle_fired += 1
+        elif self.throttle_cap is not None and proposed > self.throttle_cap:
+            # Kept while the policy sits below it (the server's limit did not move because we stopped pressing
+            # on it); it probes up only while growth presses against it, so a raised limit is found again.
+            self.throttle_cap *= 1 + self.throttle_probe
+
     def bound(self, target: float, proposed: float, obs: Observation, *, good: bool = True) -> float:
-        """The proposal, or less when growth bought nothing; records ``obs`` (a poll of any outcome) first."""
+        """The proposal, or less when growth bought nothing or the server throttled; records ``obs`` first."""
+        before = self.last_time
         sample = self._sample(obs)
         if sample is not None:
             self.samples.append(sample)
@@ -123,6 +147,9 @@ class GrowthGuard:
                 self.baseline_latency = sample.latency if base is None else base + a * (sample.latency - base)
         if not self.enabled:
             return proposed
+        self._throttle_bound(target, proposed, obs, before)
+        if self.throttle_cap is not None:
+            proposed = min(proposed, self.throttle_cap)
         knee = self._knee()
         if (
             sample is not None
