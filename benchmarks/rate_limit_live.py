@@ -57,7 +57,7 @@ async def run(base_url: str, served: str, seconds: float, workers: int) -> dict[
             while time.monotonic() - start < seconds:
                 while len(pending) < workers:
                     pending.add(asyncio.create_task(item()))
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             await asyncio.gather(*pending)
 
         async def watch() -> None:

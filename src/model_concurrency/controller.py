@@ -15,8 +15,9 @@ baseline, or no completed call to judge by). ``outage_handover=False`` restores 
 Observations with non-finite or negative values count as failed polls; a policy that raises or answers NaN
 holds. After the policy proposes, the guard may lower (never raise) the proposal when growth bought no
 completions, or after throttled calls (429/503) to what the server's allowed rate fits (its throttle cap). A
-throttled call also cuts the target at once (:meth:`ControllerCore.note_throttled`), between polls. The target is always clamped to ``[floor, max(floor, ceiling)]``: the floor (the static
-configuration) wins over a ceiling set below it.
+throttled call also cuts the target at once (:meth:`ControllerCore.note_throttled`), between polls. The target
+is always clamped to ``[floor, max(floor, ceiling)]``: the floor (the static configuration) wins over a ceiling
+set below it.
 
 The schedule: the next poll is due ``poll_interval_s`` after this one started, except in the policy's first ramp
 (``wants_fast_polls``, docs/policies.md): after a good poll that leaves the policy asking for them below the
