@@ -79,7 +79,7 @@ def main() -> None:
     config = EmulatorConfig(preset="llama-8b-h100", max_num_seqs=256, requests_per_minute=args.rpm)
     with serve_in_processes(config) as emu:
         register_model(
-            "llm", base_url=emu.base_url, served_model_name=emu.model, max_parallel_calls=4, policy=args.policy
+            "llm", base_url=emu.base_url, served_model_name=emu.model, max_parallel_calls=1, policy=args.policy
         )
         log = asyncio.run(run(emu.base_url, emu.model, args.seconds, args.workers))
     ok, thr = log["ok"], log["throttled"]
