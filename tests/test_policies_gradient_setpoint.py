@@ -121,6 +121,21 @@ def test_gradient_holds_without_enough_calls_and_ignores_engine_gauges() -> None
     assert steady(2.0).next_target(100, calls(2.4, t=12, **gauges)) == 125.0
 
 
+def test_gradient_carries_short_polls_into_the_next_instead_of_dropping_them() -> None:
+    """At a small target with fast polls no single poll reaches ``min_calls``: they add up (calls, latency, time)."""
+    policy = Gradient()
+    assert policy.next_target(1, calls(None, t=0, n=0, inflight=1)) == 1  # the first poll: no interval yet
+    assert policy.next_target(1, calls(0.3, t=2, n=7, inflight=1)) == 1  # 7 < 10: carried
+    assert policy.next_target(1, calls(0.2, t=4, n=7, inflight=1)) == 2  # 14 calls over 4 s: the first doubling
+    assert policy.last is not None
+    assert policy.last.rate == pytest.approx(14 / 4) and policy.last.latency == pytest.approx(0.25)
+    assert policy.carried_calls == 0
+    # The next doubling is judged on its own calls only (7 + 7 again, over the next 4 s): twice the rate, go on.
+    assert policy.next_target(2, calls(0.25, t=6, n=7, inflight=2)) == 2
+    assert policy.next_target(2, calls(0.25, t=8, n=21, inflight=2)) == 4
+    assert policy.last is not None and policy.last.rate == pytest.approx(28 / 4)
+
+
 def test_gradient_rejects_bad_parameters() -> None:
     for bad in (
         {"tolerance": 0},
