@@ -87,12 +87,26 @@ def test_gradient_waits_a_poll_before_judging_a_doubling_when_calls_are_long() -
 
 def test_gradient_queue_estimate_from_the_fastest_call_lowers_the_setpoint() -> None:
     policy = steady(2.0)  # setpoint 3 s; r0 unknown until a fastest latency is seen
-    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=0.2)
-    assert policy.next_target(100, fast) == 150.0  # r0 = 0.1, no queue
+    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=1.2, client_latency_min_s=0.12)
+    assert policy.next_target(100, fast) == 200.0  # r0 = 0.1, no queue; the unloaded latency is now 1.2 s
     # Every call waited: fastest 2.2 s of a 4 s mean → Q = (2.2 − 0.4) / 0.9 = 2 s ≥ 0.5 × the 2 s of service.
     queued = Observation(time=24, inflight=100, client_calls=120, client_latency_mean_s=4.0, client_latency_min_s=2.2)
     assert policy.next_target(100, queued) == pytest.approx(50.0)
     assert policy.setpoint == pytest.approx(2.0)
+
+
+def test_gradient_queue_estimate_never_lowers_the_setpoint_below_the_unloaded_latency() -> None:
+    """Calls of one size, one at a time: min / mean near 1, far above the r0 of varied batches, reads as a queue.
+    The setpoint stops at tolerance x the lowest poll mean instead of falling toward 0 (seen live)."""
+    policy = steady(2.0, tolerance=1.1)  # setpoint 2.2 s, unloaded latency 2.0 s
+    batch = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=1.0)
+    policy.next_target(100, batch)  # r0 = 0.5
+    for i in range(5):
+        alone = Observation(
+            time=24 + 12 * i, inflight=1, client_calls=40, client_latency_mean_s=2.0, client_latency_min_s=1.98
+        )
+        policy.next_target(1, alone)
+        assert policy.setpoint == pytest.approx(2.2)
 
 
 def test_gradient_cuts_on_throttling_or_errors_and_ignores_those_latencies() -> None:

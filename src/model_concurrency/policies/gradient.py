@@ -106,6 +106,7 @@ class Gradient(PolicyBase):
     settled: bool = field(default=False, init=False)
     polled_at: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
+    base_latency: float | None = field(default=None, init=False)
     carried_calls: int = field(default=0, init=False)
     carried_latency_s: float = field(default=0.0, init=False)
     carried_fastest_s: float | None = field(default=None, init=False)
@@ -196,6 +197,7 @@ class Gradient(PolicyBase):
         if sample is None:
             return target
         self.last = sample
+        self.base_latency = sample.latency if self.base_latency is None else min(self.base_latency, sample.latency)
         limited = app_limited(obs, target, self.app_limited)
         if self.ramping:
             if limited:
@@ -220,7 +222,12 @@ class Gradient(PolicyBase):
         assert self.setpoint is not None
         if self._queueing(sample):  # the setpoint let a queue build: it sits past the knee, so lower it
             service = sample.latency - sample.queue
-            self.setpoint = min(self.setpoint, service)
+            # Never below the unloaded latency (the lowest poll mean seen, Vegas's base RTT) x tolerance: a
+            # setpoint under it cuts to the floor for good. The estimate misfires exactly there: with calls of one
+            # size, one at a time, min / mean is near 1, far above a ratio learned from varied batches (live: the
+            # setpoint fell from 0.07 s to 0.0006 s against calls of 0.27 s).
+            base = self.tolerance * self.base_latency if self.base_latency is not None else 0.0
+            self.setpoint = max(min(self.setpoint, service), min(self.setpoint, base))
         gradient = min(self.max_growth, max(self.min_gradient, self.setpoint / sample.latency))
         if limited:
             gradient = min(1.0, gradient)
