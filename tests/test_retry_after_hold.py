@@ -174,3 +174,21 @@ def test_a_throttled_slot_cuts_the_runtime_target_at_once() -> None:
 
     asyncio.run(main())
     assert runtime.calls.drain().throttled == 1
+
+
+def test_a_429_through_the_httpx_transport_cuts_the_target() -> None:
+    """The wrapped-client path (``SlotTransport``, which ``integrations.openai.wrap`` uses) against a real loopback
+    server answering 429: the same cut as the lab's clients, and the hold."""
+    from model_concurrency.integrations.httpx import SlotTransport
+
+    register_model("m", base_url=None, max_parallel_calls=2)
+    spec = runtime_for("m").spec
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource()))
+    runtime.core.target_value = 64.0
+    runtime.apply_limits()
+    with fault_server(page("slow down", status=429, headers={"retry-after-ms": "1"})) as server:
+        with httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
+            assert client.get(server.url).status_code == 429
+    assert runtime.current() == 2  # nothing else in flight: 0.9 x 0, held up by the floor
+    assert runtime.limiter.hold.holds == 1
+    assert runtime.calls.drain().throttled == 1
