@@ -186,9 +186,9 @@ def test_a_429_through_the_httpx_transport_cuts_the_target() -> None:
     runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource()))
     runtime.core.target_value = 64.0
     runtime.apply_limits()
-    with fault_server(page("slow down", status=429, headers={"retry-after-ms": "1"})) as server:
-        with httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
-            assert client.get(server.url).status_code == 429
+    refusing = page("slow down", status=429, headers={"retry-after-ms": "1"})
+    with fault_server(refusing) as server, httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
+        assert client.get(server.url).status_code == 429
     assert runtime.current() == 2  # nothing else in flight: 0.9 x 0, held up by the floor
     assert runtime.limiter.hold.holds == 1
     assert runtime.calls.drain().throttled == 1
