@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -176,3 +177,74 @@ def test_fail_safe_bounds_the_target_through_any_outage(
         assert target <= last_good
         if core.consecutive_failures > grace and (poll["errors"] or poll["throttled"] or not poll["calls"]):
             assert target == core.lower
+
+
+def throttled_interval(t: float, served: int, throttled: int, ok_latency: float) -> Observation:
+    """A 10 s poll interval in which ``served`` calls succeeded and ``throttled`` came back 429 (fast)."""
+    return Observation(
+        time=t,
+        inflight_mean=10.0,
+        client_calls=served + throttled,
+        client_errors=throttled,
+        client_throttled=throttled,
+        client_latency_mean_s=0.5,  # the fast 429s drag the mean down: the cap must not use it
+        client_ok_latency_mean_s=ok_latency,
+    )
+
+
+def test_throttle_cap_fits_the_allowed_rate_by_littles_law() -> None:
+    guard = GrowthGuard()
+    assert guard.bound(40, 80, interval(0, 40, 10, 2.0)) == 80  # first poll: no interval yet
+    # 80 served in 10 s at 2 s each: 16 in flight fit the allowed rate; the cap is 0.95 of that.
+    assert guard.bound(40, 80, throttled_interval(10, 80, 20, 2.0)) == pytest.approx(15.2)
+    assert guard.throttle_fit == pytest.approx(15.2) and guard.throttle_fired == 1
+    # A policy below the cap is left alone, and the cap stays (the limit did not move)...
+    assert guard.bound(10, 12, interval(20, 10, 5, 2.0)) == 12
+    assert guard.throttle_cap == pytest.approx(15.2)
+    # ...and it probes up 1 % a poll only while the policy presses against it.
+    assert guard.bound(15, 30, interval(30, 15, 7.5, 2.0)) == pytest.approx(15.2 * 1.01)
+
+
+def test_throttle_cap_starts_no_higher_than_the_target_the_429s_left() -> None:
+    guard = GrowthGuard()
+    guard.bound(40, 80, interval(0, 40, 10, 2.0))
+    # The bucket's burst inflated the interval's rate; the per-call cuts already brought the target to 9.
+    assert guard.bound(9, 18, throttled_interval(10, 80, 20, 2.0)) == 9
+    # Pressed, it recovers 10 % a poll up to the estimate, then 1 % a poll past it.
+    assert guard.bound(9, 18, interval(20, 9, 4.5, 2.0)) == pytest.approx(9.9)
+    guard.throttle_cap = 15.0
+    assert guard.bound(15, 30, interval(30, 15, 7.5, 2.0)) == pytest.approx(15.2)
+    assert guard.bound(15, 30, interval(40, 15, 7.5, 2.0)) == pytest.approx(15.2 * 1.01)
+
+
+def test_throttled_with_nothing_served_halves() -> None:
+    guard = GrowthGuard()
+    guard.bound(40, 80, interval(0, 40, 10, 2.0))
+    assert guard.bound(40, 80, throttled_interval(10, 0, 30, 2.0)) == pytest.approx(0.95 * 20)  # half, x the margin
+
+
+def test_throttle_cap_is_off_with_the_guard() -> None:
+    guard = GrowthGuard(enabled=False)
+    guard.bound(40, 80, interval(0, 40, 10, 2.0))
+    assert guard.bound(40, 80, throttled_interval(10, 80, 20, 2.0)) == 80
+
+
+def test_a_throttled_call_cuts_the_target_to_the_calls_in_flight() -> None:
+    core = ControllerCore(policy=Constant(100), floor=4, ceiling=512)
+    core.target_value = 100.0
+    assert core.note_throttled(50) == 45  # 0.9 x 50
+    assert core.note_throttled(80) == 45  # never raises
+    assert core.note_throttled(0) == 4  # the floor still bounds it
+    core.guard.enabled = False
+    core.target_value = 100.0
+    assert core.note_throttled(10) == 100
+
+
+@given(st.lists(st.integers(0, 600), max_size=30), st.integers(1, 64), st.integers(1, 600))
+def test_note_throttled_stays_within_the_bounds(inflights: list[int], floor: int, ceiling: int) -> None:
+    core = ControllerCore(policy=Constant(1), floor=floor, ceiling=ceiling)
+    core.target_value = float(core.upper)
+    for n in inflights:
+        before = core.target
+        after = core.note_throttled(n)
+        assert core.lower <= after <= before <= core.upper

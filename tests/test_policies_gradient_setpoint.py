@@ -87,12 +87,26 @@ def test_gradient_waits_a_poll_before_judging_a_doubling_when_calls_are_long() -
 
 def test_gradient_queue_estimate_from_the_fastest_call_lowers_the_setpoint() -> None:
     policy = steady(2.0)  # setpoint 3 s; r0 unknown until a fastest latency is seen
-    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=0.2)
-    assert policy.next_target(100, fast) == 150.0  # r0 = 0.1, no queue
+    fast = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=1.2, client_latency_min_s=0.12)
+    assert policy.next_target(100, fast) == 200.0  # r0 = 0.1, no queue; the unloaded latency is now 1.2 s
     # Every call waited: fastest 2.2 s of a 4 s mean → Q = (2.2 − 0.4) / 0.9 = 2 s ≥ 0.5 × the 2 s of service.
     queued = Observation(time=24, inflight=100, client_calls=120, client_latency_mean_s=4.0, client_latency_min_s=2.2)
     assert policy.next_target(100, queued) == pytest.approx(50.0)
     assert policy.setpoint == pytest.approx(2.0)
+
+
+def test_gradient_queue_estimate_never_lowers_the_setpoint_below_the_unloaded_latency() -> None:
+    """Calls of one size, one at a time: min / mean near 1, far above the r0 of varied batches, reads as a queue.
+    The setpoint stops at tolerance x the lowest poll mean instead of falling toward 0 (seen live)."""
+    policy = steady(2.0, tolerance=1.1)  # setpoint 2.2 s, unloaded latency 2.0 s
+    batch = Observation(time=12, inflight=100, client_calls=120, client_latency_mean_s=2.0, client_latency_min_s=1.0)
+    policy.next_target(100, batch)  # r0 = 0.5
+    for i in range(5):
+        alone = Observation(
+            time=24 + 12 * i, inflight=1, client_calls=40, client_latency_mean_s=2.0, client_latency_min_s=1.98
+        )
+        policy.next_target(1, alone)
+        assert policy.setpoint == pytest.approx(2.2)
 
 
 def test_gradient_cuts_on_throttling_or_errors_and_ignores_those_latencies() -> None:
@@ -119,6 +133,21 @@ def test_gradient_holds_without_enough_calls_and_ignores_engine_gauges() -> None
     assert policy.next_target(100, calls(9.0, t=24, n=9)) == 100.0  # fewer than min_calls
     gauges: dict[str, Any] = {"running": 1e6, "waiting": 5e5, "waiting_capacity": 5e5, "kv_cache_usage": 1.0}
     assert steady(2.0).next_target(100, calls(2.4, t=12, **gauges)) == 125.0
+
+
+def test_gradient_carries_short_polls_into_the_next_instead_of_dropping_them() -> None:
+    """At a small target with fast polls no single poll reaches ``min_calls``: they add up (calls, latency, time)."""
+    policy = Gradient()
+    assert policy.next_target(1, calls(None, t=0, n=0, inflight=1)) == 1  # the first poll: no interval yet
+    assert policy.next_target(1, calls(0.3, t=2, n=7, inflight=1)) == 1  # 7 < 10: carried
+    assert policy.next_target(1, calls(0.2, t=4, n=7, inflight=1)) == 2  # 14 calls over 4 s: the first doubling
+    assert policy.last is not None
+    assert policy.last.rate == pytest.approx(14 / 4) and policy.last.latency == pytest.approx(0.25)
+    assert policy.carried_calls == 0
+    # The next doubling is judged on its own calls only (7 + 7 again, over the next 4 s): twice the rate, go on.
+    assert policy.next_target(2, calls(0.25, t=6, n=7, inflight=2)) == 2
+    assert policy.next_target(2, calls(0.25, t=8, n=21, inflight=2)) == 4
+    assert policy.last is not None and policy.last.rate == pytest.approx(28 / 4)
 
 
 def test_gradient_rejects_bad_parameters() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from datetime import UTC, datetime
 
@@ -21,6 +22,7 @@ from model_concurrency.gate.hold import (
     retry_after_from_headers,
 )
 from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
+from model_concurrency.signals.source import ClientOnlySource
 
 
 class TickingClock:
@@ -150,3 +152,43 @@ def test_a_429_raised_in_a_fan_out_holds_the_model() -> None:
     runtime = runtime_for("m")
     assert 39 < runtime.held_for() <= 40
     assert runtime.limiter.hold.holds == 1
+
+
+def test_a_throttled_slot_cuts_the_runtime_target_at_once() -> None:
+    """A 429 a transport reports (``set_status``) cuts the target between polls: 0.9 x the calls still in flight."""
+    register_model("m", base_url=None, max_parallel_calls=2)
+    spec = runtime_for("m").spec
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), clock=TickingClock()))
+    runtime.core.target_value = 64.0
+    runtime.apply_limits()
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(21):
+                await stack.enter_async_context(slot("m"))
+            refused = slot("m")
+            async with refused:
+                refused.set_status(429, retry_after_s=0.0)
+            assert runtime.current() == 18  # 21 still in flight after the refused one left: 0.9 x 21, rounded down
+            assert runtime.limiter.limit == 18
+
+    asyncio.run(main())
+    assert runtime.calls.drain().throttled == 1
+
+
+def test_a_429_through_the_httpx_transport_cuts_the_target() -> None:
+    """The wrapped-client path (``SlotTransport``, which ``integrations.openai.wrap`` uses) against a real loopback
+    server answering 429: the same cut as the lab's clients, and the hold."""
+    from model_concurrency.integrations.httpx import SlotTransport
+
+    register_model("m", base_url=None, max_parallel_calls=2)
+    spec = runtime_for("m").spec
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource()))
+    runtime.core.target_value = 64.0
+    runtime.apply_limits()
+    refusing = page("slow down", status=429, headers={"retry-after-ms": "1"})
+    with fault_server(refusing) as server, httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
+        assert client.get(server.url).status_code == 429
+    assert runtime.current() == 2  # nothing else in flight: 0.9 x 0, held up by the floor
+    assert runtime.limiter.hold.holds == 1
+    assert runtime.calls.drain().throttled == 1

@@ -16,6 +16,16 @@ hosted endpoint gives, so it works whatever signal source feeds the policy:
   the knee's or more, growth bought nothing: the guard caps the target at the knee. The cap then rises by
   ``probe`` a poll (so a capacity that grew is found again) and is dropped once it no longer binds.
 
+Throttled calls (429/503) are a harder signal, handled here so every policy gets the same rule. A rate limit is a
+limit in calls per second, not in concurrency: by Little's law the concurrency that just fits is the allowed
+rate × the call latency. So on a poll with throttled calls the **throttle cap** is set to ``throttle_margin`` ×
+(calls served per second × their mean latency), and no higher than the target the 429s already drove it to
+(:meth:`~model_concurrency.controller.ControllerCore.note_throttled`: the interval's rate may include a burst
+the server's bucket allowed before it ran dry). It is kept while the policy sits below it, and rises only while
+the policy presses against it: by ``throttle_recover`` a poll back to that estimate, then by ``throttle_probe``
+a poll past it, so the target settles just under the limit and finds a raised limit again instead of sawing into
+it.
+
 It also judges an outage of ``/metrics`` (:meth:`GrowthGuard.trouble`): the controller hands the target over to
 it after the grace instead of dropping to the floor, and falls to the floor when the guard sees trouble. The
 guard's rules are in docs/operations.md; it does no I/O and reads time only from ``obs.time``.
@@ -55,6 +65,9 @@ class GrowthGuard:
         probe: the cap rises by this fraction a poll once set.
         outage_latency: during an outage, mean latency past this many times the baseline is trouble.
         baseline_window: polls in the latency baseline's EWMA (good polls only).
+        throttle_margin: the throttle cap's share of the concurrency that fits the allowed rate.
+        throttle_recover: the throttle cap's growth a poll, while pressed, up to that estimate.
+        throttle_probe: its growth a poll, while pressed, past the estimate.
         steady: a poll counts as a sample only while in flight is within this factor of rate × latency (Little's
             law). Completions lag concurrency by a call's latency, so right after a step (a ramp's fast polls,
             calls of several seconds) the rate still reflects the old load and would read as growth that
@@ -71,8 +84,14 @@ class GrowthGuard:
     outage_latency: float = 1.5
     baseline_window: float = 20.0
     steady: float = 1.5
+    throttle_margin: float = 0.95
+    throttle_probe: float = 0.01
+    throttle_recover: float = 0.1
     samples: deque[Sample] = field(init=False)
     cap: float | None = field(default=None, init=False)
+    throttle_cap: float | None = field(default=None, init=False)
+    throttle_fit: float | None = field(default=None, init=False)
+    throttle_fired: int = field(default=0, init=False)
     baseline_latency: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
     fired: int = field(default=0, init=False)
@@ -86,6 +105,8 @@ class GrowthGuard:
             raise ValueError("steady must be > 1")
         if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
             raise ValueError("rate_tolerance must be in [0, 1) and probe >= 0")
+        if not (0 < self.throttle_margin <= 1 and self.throttle_probe >= 0 and self.throttle_recover >= 0):
+            raise ValueError("throttle_margin must be in (0, 1], throttle_probe and throttle_recover >= 0")
         self.samples = deque(maxlen=self.window)
 
     def _sample(self, obs: Observation) -> Sample | None:
@@ -112,8 +133,32 @@ class GrowthGuard:
         plateau = [s for s in self.samples if s.rate >= (1 - self.rate_tolerance) * best]
         return min(plateau, key=lambda s: s.concurrency)
 
+    def _throttle_bound(self, target: float, proposed: float, obs: Observation, before: float | None) -> None:
+        """Set or raise the throttle cap (see the module docstring)."""
+        if obs.client_throttled > 0:
+            served = obs.client_calls - obs.client_errors
+            latency = obs.client_ok_latency_mean_s
+            fit = None
+            if before is not None and obs.time > before and served > 0 and latency is not None:
+                fit = served / (obs.time - before) * latency  # Little's law at the rate the server allowed
+            if fit is None or not math.isfinite(fit):  # nothing served: the limit is far below; halve
+                fit = min(target, self.throttle_fit if self.throttle_fit is not None else math.inf) / 2
+            self.throttle_fit = max(1.0, self.throttle_margin * fit)
+            # Not above the target the 429s already drove it to (ControllerCore.note_throttled): the interval's
+            # rate may still include a burst the server's bucket allowed before it ran dry.
+            self.throttle_cap = max(1.0, min(self.throttle_fit, target))
+            self.throttle_fired += 1
+        elif self.throttle_cap is not None and self.throttle_fit is not None and proposed > self.throttle_cap:
+            # Kept while the policy sits below it (the limit did not move because we stopped pressing on it);
+            # it rises only while growth presses against it: quickly back to the estimate, slowly past it.
+            if self.throttle_cap < self.throttle_fit:
+                self.throttle_cap = min(self.throttle_fit, self.throttle_cap * (1 + self.throttle_recover))
+            else:
+                self.throttle_cap *= 1 + self.throttle_probe
+
     def bound(self, target: float, proposed: float, obs: Observation, *, good: bool = True) -> float:
-        """The proposal, or less when growth bought nothing; records ``obs`` (a poll of any outcome) first."""
+        """The proposal, or less when growth bought nothing or the server throttled; records ``obs`` first."""
+        before = self.last_time
         sample = self._sample(obs)
         if sample is not None:
             self.samples.append(sample)
@@ -123,6 +168,9 @@ class GrowthGuard:
                 self.baseline_latency = sample.latency if base is None else base + a * (sample.latency - base)
         if not self.enabled:
             return proposed
+        self._throttle_bound(target, proposed, obs, before)
+        if self.throttle_cap is not None:
+            proposed = min(proposed, self.throttle_cap)
         knee = self._knee()
         if (
             sample is not None

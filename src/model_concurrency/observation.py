@@ -45,10 +45,18 @@ class CallStats:
     throttled: int = 0
     latency_sum_s: float = 0.0
     latency_min_s: float | None = None
+    # Latency of the calls that succeeded only: a 429 comes back in a round trip and would make the mean look
+    # like room exactly when the server is pushing back (the guard's throttle cap needs the served calls' latency).
+    ok_latency_sum_s: float = 0.0
 
     @property
     def latency_mean_s(self) -> float | None:
         return self.latency_sum_s / self.calls if self.calls else None
+
+    @property
+    def ok_latency_mean_s(self) -> float | None:
+        ok = self.calls - self.errors
+        return self.ok_latency_sum_s / ok if ok > 0 and self.ok_latency_sum_s > 0 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +97,7 @@ class Observation:
     client_throttled: int = 0
     client_latency_mean_s: float | None = None
     client_latency_min_s: float | None = None
+    client_ok_latency_mean_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.inflight_peak < self.inflight:
@@ -127,6 +136,7 @@ def observe(
         "client_throttled": calls.throttled,
         "client_latency_mean_s": calls.latency_mean_s,
         "client_latency_min_s": calls.latency_min_s,
+        "client_ok_latency_mean_s": calls.ok_latency_mean_s,
     }
     if snapshot is None:
         return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]

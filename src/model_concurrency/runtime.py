@@ -233,6 +233,19 @@ class ModelRuntime:
         log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until
 
+    def note_throttled(self) -> int:
+        """A call came back 429/503: the target drops to the calls still in flight, now, not at the next poll.
+
+        The rule is :meth:`ControllerCore.note_throttled` (the lab's clients call the same one); this applies it
+        to the limiter at once. Returns the limit in force.
+        """
+        if not self.adaptive:
+            return self.floor
+        with self._lock:
+            self.core.note_throttled(self.limiter.inflight())
+        self.apply_limits()
+        return self.current()
+
     def held_for(self) -> float:
         """Seconds until the Retry-After hold ends (0 when calls may start)."""
         return self.limiter.held_for()

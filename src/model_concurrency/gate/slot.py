@@ -85,6 +85,8 @@ class slot:
             runtime.calls.record(latency, ok=True, status=status)
         elif exc is None:
             runtime.calls.record(latency, ok=False, status=status)
+            if status in THROTTLED:
+                runtime.note_throttled()
         else:
             status = status_of(exc) if status is None else status
             runtime.calls.record(latency, ok=False, status=status)

@@ -145,9 +145,11 @@ class Target:
 
 
 def note_throttle(runtime: ModelRuntime, status: int | None, exc: BaseException) -> None:
-    """Hand a throttled call's Retry-After (if its exception kept the response) to the model's runtime."""
+    """Hand a throttled call to the model's runtime: the target drops to the calls in flight, and the Retry-After
+    (if its exception kept the response) holds new calls."""
     if status not in THROTTLED:
         return
+    runtime.note_throttled()
     delay = retry_after_from_exception(exc)
     if delay is not None:
         runtime.note_retry_after(delay)

@@ -287,6 +287,8 @@ class SimClient:
         self.hold.note(retry_after_s, now)
         self.retry.append(request)
         self._wake(self.limiter.release(self._units.pop(id(request))))
+        if self.schedule is None:  # the production rule (ModelRuntime.note_throttled), on the same core
+            self._resize(self.core.note_throttled(self.limiter.inflight), self.core.token_budget)
 
     def _poll(self, first_poll_s: float) -> Generator[Any, Any, None]:
         env, core = self.env, self.core

@@ -106,6 +106,10 @@ class Gradient(PolicyBase):
     settled: bool = field(default=False, init=False)
     polled_at: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
+    base_latency: float | None = field(default=None, init=False)
+    carried_calls: int = field(default=0, init=False)
+    carried_latency_s: float = field(default=0.0, init=False)
+    carried_fastest_s: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.tolerance > 0:
@@ -132,14 +136,35 @@ class Gradient(PolicyBase):
             raise ValueError(f"min_calls must be >= 1, got {self.min_calls}")
 
     def _sample(self, target: float, obs: Observation) -> _Sample | None:
-        """This poll's interval, or None when too few calls finished in it to trust (or on the first poll)."""
-        before, self.last_time = self.last_time, obs.time
+        """This poll's interval, or None when too few calls have finished yet to trust (or on the first poll).
+
+        A poll with fewer than ``min_calls`` completions is carried into the next one (calls, latencies and the
+        interval's start add up) instead of being dropped: at a small target with fast polls every single poll
+        can be short of ``min_calls`` (live, against a rate-limited emulator: floor 1, 2 s polls, 7-8 calls a
+        poll), and dropping them held the target at the floor for good.
+        """
+        if self.last_time is None:
+            self.last_time = obs.time
         latency = obs.client_latency_mean_s
-        if latency is None or not (math.isfinite(latency) and latency > 0) or obs.client_calls < self.min_calls:
+        if latency is None or not (math.isfinite(latency) and latency > 0) or obs.client_calls <= 0:
+            if not self.carried_calls:
+                self.last_time = obs.time  # nothing carried: the next interval starts here, as before
             return None
-        rate = obs.client_calls / (obs.time - before) if before is not None and obs.time > before else math.nan
+        self.carried_calls += obs.client_calls
+        self.carried_latency_s += latency * obs.client_calls
+        fastest = obs.client_latency_min_s
+        if fastest is not None and math.isfinite(fastest):
+            carried = self.carried_fastest_s
+            self.carried_fastest_s = fastest if carried is None else min(carried, fastest)
+        if self.carried_calls < self.min_calls:
+            return None
+        before, self.last_time = self.last_time, obs.time
+        calls, latency = self.carried_calls, self.carried_latency_s / self.carried_calls
+        fastest = self.carried_fastest_s
+        self.carried_calls, self.carried_latency_s, self.carried_fastest_s = 0, 0.0, None
+        rate = calls / (obs.time - before) if obs.time > before else math.nan
         concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
-        return _Sample(target, concurrency, rate, latency, self._queue(latency, obs.client_latency_min_s))
+        return _Sample(target, concurrency, rate, latency, self._queue(latency, fastest))
 
     def _queue(self, mean: float, fastest: float | None) -> float:
         """Seconds of waiting shared by every call of the interval: ``(min − r0 × mean) / (1 − r0)``.
@@ -172,6 +197,7 @@ class Gradient(PolicyBase):
         if sample is None:
             return target
         self.last = sample
+        self.base_latency = sample.latency if self.base_latency is None else min(self.base_latency, sample.latency)
         limited = app_limited(obs, target, self.app_limited)
         if self.ramping:
             if limited:
@@ -196,7 +222,12 @@ class Gradient(PolicyBase):
         assert self.setpoint is not None
         if self._queueing(sample):  # the setpoint let a queue build: it sits past the knee, so lower it
             service = sample.latency - sample.queue
-            self.setpoint = min(self.setpoint, service)
+            # Never below the unloaded latency (the lowest poll mean seen, Vegas's base RTT) x tolerance: a
+            # setpoint under it cuts to the floor for good. The estimate misfires exactly there: with calls of one
+            # size, one at a time, min / mean is near 1, far above a ratio learned from varied batches (live: the
+            # setpoint fell from 0.07 s to 0.0006 s against calls of 0.27 s).
+            base = self.tolerance * self.base_latency if self.base_latency is not None else 0.0
+            self.setpoint = max(min(self.setpoint, service), min(self.setpoint, base))
         gradient = min(self.max_growth, max(self.min_gradient, self.setpoint / sample.latency))
         if limited:
             gradient = min(1.0, gradient)
