@@ -268,9 +268,10 @@ class SimClient:
                 self.queue_times.append(queue)
             self.calls.record(latency, ok=True)
         else:
-            # Aborted (its replica was lost): the item is retried, as an ingestion job would.
+            # Aborted (its replica was lost): the item is retried, as an ingestion job would. A client sees the
+            # connection drop (no HTTP status): an error, not a refusal, so no throttle rule reads it as a limit.
             self.errors += 1
-            self.calls.record(latency, ok=False, status=503)
+            self.calls.record(latency, ok=False)
             self.retry.append(
                 Request(
                     request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
