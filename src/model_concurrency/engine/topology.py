@@ -105,6 +105,7 @@ class Server:
         self.router = router
         self.name = name
         self.up = True
+        self._snapshot: EngineSnapshot | None = None  # the page's sum while no engine of it changes
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -127,6 +128,7 @@ class Server:
         engine = Engine(self.env, self.preset, index=len(self.engines), model_name=self.model_name)
         engine.server = self
         self.engines.append(engine)
+        self._snapshot = None
         return engine
 
     def set_capacity(self, **changes: Any) -> None:
@@ -139,6 +141,7 @@ class Server:
         if not self.up:
             return
         self.up = False
+        self._snapshot = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
             self._count_finish(request, ok=False)
@@ -151,6 +154,7 @@ class Server:
         if self.up:
             return
         self.up = True
+        self._snapshot = None
         self._frontend_free_at = [0.0] * self.frontend.workers
         for engine in self.engines:
             engine.set_up()
@@ -270,7 +274,10 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        return combine_snapshots(e.snapshot() for e in self.engines if e.up)
+        cached = self._snapshot  # dropped by any engine of this server whose snapshot changes (Engine._stale)
+        if cached is None:
+            cached = self._snapshot = combine_snapshots(e.snapshot() for e in self.engines if e.up)
+        return cached
 
     def render_metrics(self) -> str:
         """The ``/metrics`` page as Prometheus text."""
