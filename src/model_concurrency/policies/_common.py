@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["IdleClock", "app_limited", "own_share", "sustainable"]
+__all__ = ["IdleClock", "app_limited", "own_share", "shared_step", "sustainable"]
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
@@ -64,3 +64,21 @@ def sustainable(obs: Observation) -> float | None:
     if obs.inflight <= 0 or queued <= 0:
         return None
     return obs.inflight * obs.running / queued
+
+
+def shared_step(step: float, obs: Observation, exponent: float, full_share: float = 1.0) -> float:
+    """An additive step that shrinks once a client's share of the engine is below ``full_share``.
+
+    N clients that each add ``step`` per poll add ``N × step`` to the engine per poll interval: 1,000 clients
+    adding one request every 12 s push a 16,384-sequence fleet by 1,000 a poll, so some engine is always just
+    past its limit (docs/scale-out.md). A client's share ``s`` is about ``1/N`` without any coordinator, so the
+    step ``step × min(1, s / full_share) ** exponent`` makes the sum ``√(N × K) × step`` a poll interval with
+    ``K = 1 / full_share`` and exponent 0.5, not ``N × step``; up to ``K`` clients nothing changes. Clients
+    still converge to equal shares: an increase growing with ``T^exponent`` against a cut proportional to ``T``
+    is a binomial control with ``k + l = 1 − exponent > 0`` (Bansal & Balakrishnan, 2001), if more slowly than
+    with equal steps. A poll that cannot tell (nothing in flight) takes the full step.
+    """
+    share = own_share(obs)
+    if exponent == 0 or share <= 0 or share >= full_share:
+        return step
+    return step * (share / full_share) ** exponent
