@@ -18,8 +18,8 @@ from model_concurrency.engine.request import ABORT, LENGTH, STOP, Request
 __all__ = [
     "FINISHED_REASONS",
     "FOLD_EVERY",
-    "NUMPY_FROM",
     "ITL_BUCKETS",
+    "NUMPY_FROM",
     "REQUEST_LATENCY_BUCKETS",
     "TTFT_BUCKETS",
     "EngineStats",
