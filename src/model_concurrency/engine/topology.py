@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Any, Literal
 
 import simpy
@@ -31,6 +32,9 @@ from model_concurrency.observation import EngineSnapshot
 __all__ = ["Fleet", "Server", "combine_snapshots"]
 
 Router = Literal["least_loaded", "round_robin"]
+# Balancer keys, in C: the fleet picks a replica and the replica an engine for every request.
+_INFLIGHT = attrgetter("inflight")
+_LOAD = attrgetter("load")
 
 
 def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
@@ -256,7 +260,7 @@ class Server:
         elif self.router == "round_robin":
             engine = live[next(self._rr) % len(live)]
         else:
-            engine = min(live, key=lambda e: e.load)
+            engine = min(live, key=_LOAD)
         engine.enqueue(request)
 
     def _count_finish(self, request: Request, *, ok: bool) -> None:
@@ -339,7 +343,7 @@ class Fleet:
             return None
         if self.balancer == "round_robin":
             return live[next(self._rr) % len(live)]
-        return min(live, key=lambda s: s.inflight)
+        return min(live, key=_INFLIGHT)  # the first of equals, as before
 
     def submit(self, request: Request) -> Any:
         server = self.pick()
