@@ -191,9 +191,7 @@ def test_a_crowd_of_clients_stepping_together_overshoots_less_with_the_shared_st
     # with the step scaled by the share (sqrt(32 x 96) = 55 a poll interval together) the fleet queues less often,
     # at the same goodput, and no less fairly.
     shared = summarize(simulate(crowd(96), policy_factory=lambda: load_policy("adaptive")))
-    plain = summarize(
-        simulate(crowd(96), policy_factory=lambda: Adaptive(share_exponent=0.0, accelerate_shared=True))
-    )
+    plain = summarize(simulate(crowd(96), policy_factory=lambda: Adaptive(share_exponent=0.0, accelerate_shared=True)))
     assert shared["saturated_fraction"] < 0.8 * plain["saturated_fraction"]
     assert shared["goodput"] >= 0.98 * plain["goodput"]
     assert shared["jain_fairness"] >= plain["jain_fairness"] - 0.02

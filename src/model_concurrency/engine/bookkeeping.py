@@ -53,6 +53,8 @@ class Bookkeeping:
     server: Server | None
     # Called for every finished request before its completion signal (after the server's books).
     on_request_finished: Callable[[Request], None] | None
+    # The last snapshot, until something it reports changes (:meth:`_stale`).
+    _snapshot: EngineSnapshot | None
 
     def _stale(self) -> None:
         """What a snapshot reports may have changed: drop this engine's cached snapshot and its server's.
@@ -66,7 +68,6 @@ class Bookkeeping:
             server._snapshot = None
 
     def _reset(self) -> None:
-        self._snapshot: EngineSnapshot | None = None
         self._stale()
         self._stats = EngineStats()
         self.waiting: deque[Request] = deque()

@@ -81,4 +81,4 @@ def shared_step(step: float, obs: Observation, exponent: float, full_share: floa
     share = own_share(obs)
     if exponent == 0 or share <= 0 or share >= full_share:
         return step
-    return step * (share / full_share) ** exponent
+    return float(step * (share / full_share) ** exponent)
