@@ -174,24 +174,23 @@ def test_the_fleet_scenario_runs_scaled_down() -> None:
 
 
 def crowd(count: int) -> Scenario:
-    """``count`` clients (floor 4) on 4 engines of 256: about 10 each, a share under the full step's 1/32."""
+    """``count`` clients (floor 4) on 4 engines of 512: 2,048 sequences, about 20 each."""
     return scenario_from_dict(
         {
             "name": "crowd",
             "seed": 9,
             "duration_s": 300.0,
-            "fleet": {"engines": 2, "replicas": 2, "balancer": "least-loaded", "engine": {"max_num_seqs": 256}},
+            "fleet": {"engines": 2, "replicas": 2, "balancer": "least-loaded", "engine": {"max_num_seqs": 512}},
             "clients": {"count": count, "floor": 4, "ceiling": 128, "poll_jitter": 0.1},
         }
     )
 
 
-def test_a_crowd_of_clients_stepping_together_overshoots_less_with_the_shared_step() -> None:
-    # 96 clients adding +1 a poll add 96 a poll interval to a 1,024-sequence fleet and keep some engine queueing;
-    # with the step scaled by the share (sqrt(32 x 96) = 55 a poll interval together) the fleet queues less often,
-    # at the same goodput, and no less fairly.
-    shared = summarize(simulate(crowd(96), policy_factory=lambda: load_policy("adaptive")))
-    plain = summarize(simulate(crowd(96), policy_factory=lambda: Adaptive(share_exponent=0.0, accelerate_shared=True)))
-    assert shared["saturated_fraction"] < 0.8 * plain["saturated_fraction"]
-    assert shared["goodput"] >= 0.98 * plain["goodput"]
-    assert shared["jain_fairness"] >= plain["jain_fairness"] - 0.02
+def test_a_crowd_of_clients_stepping_together_overshoots_less_with_the_fleet_step() -> None:
+    # 96 clients adding +1 a poll add 96 a poll interval to a 2,048-sequence fleet and keep some engine queueing;
+    # with the step scaled to the fleet's size ((512 / 2,048)^0.5 = 0.5 each, 48 together) it queues less often,
+    # at the same goodput. (Fairness converges more slowly with the smaller step: docs/scale-out.md.)
+    scaled = summarize(simulate(crowd(96), policy_factory=lambda: load_policy("adaptive")))
+    plain = summarize(simulate(crowd(96), policy_factory=lambda: Adaptive(step_exponent=0.0, accelerate_shared=True)))
+    assert scaled["saturated_fraction"] < 0.7 * plain["saturated_fraction"]
+    assert scaled["goodput"] >= 0.99 * plain["goodput"]

@@ -60,7 +60,7 @@ def test_a_saturated_poll_cuts_to_0_9_of_the_served_share_then_climbs_by_one() -
 
 
 def test_probes_accelerate_only_where_the_engine_runs_more_than_its_known_capacity() -> None:
-    p = Adaptive(share_exponent=0.0, accelerate_shared=True)  # the rule as a lone client meets it
+    p = Adaptive(step_exponent=0.0, accelerate_shared=True)  # the rule as a lone client meets it
     p.next_target(300, saturated(300, running=256, time=0.0))
     # The engine runs 300 > 256 without a queue: capacity grew without a KV-block signal, probe +1, +2, +4.
     t = 257.0
@@ -70,7 +70,7 @@ def test_probes_accelerate_only_where_the_engine_runs_more_than_its_known_capaci
 
 
 def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() -> None:
-    p = Adaptive(share_exponent=0.0, accelerate_shared=True)  # the plain step, to see the cap alone
+    p = Adaptive(step_exponent=0.0, accelerate_shared=True)  # the plain step, to see the cap alone
     # 32 clients on 1024 slots: we saw it saturated with 40 of ours in flight (cut to 0.9 × 40 × 1024 / 1034).
     p.next_target(40, Observation(running=1024, waiting=10, waiting_capacity=10, inflight=40, time=0.0))
     assert p.w_max == pytest.approx(40 * 1024 / 1034)
@@ -84,34 +84,33 @@ def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() ->
     assert p.next_target(50, full(50, time=48.0, running=500)) == pytest.approx(0.9 * 102.4)
 
 
-def test_with_a_small_share_of_the_engine_the_step_shrinks_with_its_square_root() -> None:
-    p = Adaptive()
-    # 16 of an engine's 1,040 requests (share 1/65, below full_step_share = 1/32): cut to 0.9 of the 15.75
-    # served, then the climb is +(32/65)^0.5 = 0.70 a poll, not +1. 1,000 such clients add about
-    # √(1000 × 32) = 179 a poll interval together, not 1,000.
-    p.next_target(16, Observation(running=1024, waiting=16, waiting_capacity=16, inflight=16, time=0.0))
-    assert p.w_max == pytest.approx(16 * 1024 / 1040)
-    assert p.next_target(15, full(15, time=12.0, running=960)) == pytest.approx(15 + (15 / 960 * 32) ** 0.5)
-    # A 1/32 share or more takes the full step: 4 or 32 clients behave as before.
+def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_every_client_alike() -> None:
+    # A fleet that ran 2,048 while saturated. Below the goal the step is (512 / 2,048)^0.5 = 0.5, not 1, for a
+    # client with 16 in flight and for one with 64 alike (the same step keeps them converging to equal shares).
+    for inflight in (16, 64):
+        p = Adaptive()
+        cut = p.next_target(inflight, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=inflight))
+        assert cut == pytest.approx(0.9 * inflight * 2048 / 2056)
+        assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (512 / 2000) ** 0.5)
+    # Up to 512 running the step is the full one, and the exponent 0 switches the scaling off.
     q = Adaptive()
-    q.next_target(40, Observation(running=1024, waiting=16, waiting_capacity=16, inflight=40, time=0.0))
-    assert q.next_target(35, full(35, time=12.0, running=1000)) == pytest.approx(36)
-    # And the exponent 0 switches the scaling off.
-    r = Adaptive(share_exponent=0.0)
-    r.next_target(16, Observation(running=1024, waiting=16, waiting_capacity=16, inflight=16, time=0.0))
-    assert r.next_target(15, full(15, time=12.0, running=960)) == pytest.approx(16)
+    q.next_target(300, saturated(300, running=256, time=0.0))
+    assert q.next_target(240, full(240, time=12.0)) == pytest.approx(241)
+    r = Adaptive(step_exponent=0.0)
+    cut = r.next_target(16, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=16))
+    assert r.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + 1)
 
 
 def test_sharing_the_engine_probes_do_not_accelerate() -> None:
     p = Adaptive()
     p.next_target(300, Observation(running=1000, waiting=200, waiting_capacity=200, inflight=300, time=0.0))
     # Above the goal (250) with the engine running 1100, more than its known capacity: a lone client would
-    # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes +1 a poll,
-    # since every client sharing it probes too.
+    # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes by the
+    # step (here (512 / 1100)^0.5) every poll, since every client sharing it probes too.
     t = 251.0
     for i in range(3):
         t = p.next_target(t, full(t, time=12.0 * (i + 1), running=1100))
-        assert t == pytest.approx(252.0 + i)
+        assert t == pytest.approx(251.0 + (i + 1) * (512 / 1100) ** 0.5)
     assert p.probes == 3
 
 
@@ -213,10 +212,9 @@ def test_application_limited_holds_and_long_idle_forgets() -> None:
         {"rescale_threshold": 0.0},
         {"restore_fraction": 1.5},
         {"kv_high": 0.0},
-        {"share_exponent": -0.1},
-        {"share_exponent": 1.5},
-        {"full_step_share": 0.0},
-        {"full_step_share": 1.5},
+        {"step_exponent": -0.1},
+        {"step_exponent": 1.5},
+        {"full_step_running": 0.0},
     ],
 )
 def test_rejects_bad_parameters(bad: dict[str, float]) -> None:

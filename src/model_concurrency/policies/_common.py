@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["IdleClock", "app_limited", "own_share", "shared_step", "sustainable"]
+__all__ = ["IdleClock", "app_limited", "fleet_step", "own_share", "sustainable"]
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
@@ -66,19 +66,19 @@ def sustainable(obs: Observation) -> float | None:
     return obs.inflight * obs.running / queued
 
 
-def shared_step(step: float, obs: Observation, exponent: float, full_share: float = 1.0) -> float:
-    """An additive step that shrinks once a client's share of the engine is below ``full_share``.
+def fleet_step(step: float, obs: Observation, full_running: float, exponent: float) -> float:
+    """An additive step that shrinks on an engine (or fleet) running more than ``full_running`` sequences.
 
     N clients that each add ``step`` per poll add ``N × step`` to the engine per poll interval: 1,000 clients
     adding one request every 12 s push a 16,384-sequence fleet by 1,000 a poll, so some engine is always just
-    past its limit (docs/scale-out.md). A client's share ``s`` is about ``1/N`` without any coordinator, so the
-    step ``step × min(1, s / full_share) ** exponent`` makes the sum ``√(N × K) × step`` a poll interval with
-    ``K = 1 / full_share`` and exponent 0.5, not ``N × step``; up to ``K`` clients nothing changes. Clients
-    still converge to equal shares: an increase growing with ``T^exponent`` against a cut proportional to ``T``
-    is a binomial control with ``k + l = 1 − exponent > 0`` (Bansal & Balakrishnan, 2001), if more slowly than
-    with equal steps. A poll that cannot tell (nothing in flight) takes the full step.
+    past its limit (docs/scale-out.md). A bigger fleet serves more clients, so the step is scaled by
+    ``(full_running / running) ** exponent``: at exponent 0.5 and 512, 1,000 clients on that fleet add 177 a
+    poll interval together (1 % of it), and up to 512 running nothing changes. Every client sharing the engine
+    reads the same ``running``, so their steps stay equal, and equal steps with proportional cuts are what
+    converges to equal shares (Chiu & Jain). A step scaled by the client's own share would not: increase and cut
+    both proportional keep whatever split there is (measured in docs/scale-out.md).
     """
-    share = own_share(obs)
-    if exponent == 0 or share <= 0 or share >= full_share:
+    running = obs.running
+    if exponent == 0 or running <= full_running:
         return step
-    return float(step * (share / full_share) ** exponent)
+    return float(step * (full_running / running) ** exponent)
