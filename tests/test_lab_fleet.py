@@ -188,9 +188,9 @@ def crowd(count: int) -> Scenario:
 
 def test_a_crowd_of_clients_stepping_together_overshoots_less_with_the_fleet_step() -> None:
     # 96 clients adding +1 a poll add 96 a poll interval to a 2,048-sequence fleet and keep some engine queueing;
-    # with the step scaled to the fleet's size ((512 / 2,048)^0.5 = 0.5 each, 48 together) it queues less often,
+    # with the step scaled to the fleet's size ((1,024 / 2,048)^0.5 = 0.71 each, 68 together) it queues less often,
     # at the same goodput. (Fairness converges more slowly with the smaller step: docs/scale-out.md.)
     scaled = summarize(simulate(crowd(96), policy_factory=lambda: load_policy("adaptive")))
     plain = summarize(simulate(crowd(96), policy_factory=lambda: Adaptive(step_exponent=0.0, accelerate_shared=True)))
-    assert scaled["saturated_fraction"] < 0.7 * plain["saturated_fraction"]
+    assert scaled["saturated_fraction"] < 0.75 * plain["saturated_fraction"]
     assert scaled["goodput"] >= 0.99 * plain["goodput"]

@@ -85,14 +85,14 @@ def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() ->
 
 
 def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_every_client_alike() -> None:
-    # A fleet that ran 2,048 while saturated. Below the goal the step is (512 / 2,048)^0.5 = 0.5, not 1, for a
+    # A fleet that ran 2,048 while saturated. Below the goal the step is (1,024 / 2,000)^0.5 = 0.72, not 1, for a
     # client with 16 in flight and for one with 64 alike (the same step keeps them converging to equal shares).
     for inflight in (16, 64):
         p = Adaptive()
         cut = p.next_target(inflight, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=inflight))
         assert cut == pytest.approx(0.9 * inflight * 2048 / 2056)
-        assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (512 / 2000) ** 0.5)
-    # Up to 512 running the step is the full one, and the exponent 0 switches the scaling off.
+        assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (1024 / 2000) ** 0.5)
+    # Up to 1,024 running the step is the full one, and the exponent 0 switches the scaling off.
     q = Adaptive()
     q.next_target(300, saturated(300, running=256, time=0.0))
     assert q.next_target(240, full(240, time=12.0)) == pytest.approx(241)
@@ -106,11 +106,11 @@ def test_sharing_the_engine_probes_do_not_accelerate() -> None:
     p.next_target(300, Observation(running=1000, waiting=200, waiting_capacity=200, inflight=300, time=0.0))
     # Above the goal (250) with the engine running 1100, more than its known capacity: a lone client would
     # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes by the
-    # step (here (512 / 1100)^0.5) every poll, since every client sharing it probes too.
+    # step (here (1,024 / 1,100)^0.5) every poll, since every client sharing it probes too.
     t = 251.0
     for i in range(3):
         t = p.next_target(t, full(t, time=12.0 * (i + 1), running=1100))
-        assert t == pytest.approx(251.0 + (i + 1) * (512 / 1100) ** 0.5)
+        assert t == pytest.approx(251.0 + (i + 1) * (1024 / 1100) ** 0.5)
     assert p.probes == 3
 
 

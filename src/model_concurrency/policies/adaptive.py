@@ -33,7 +33,7 @@ sender learns, so the rules are, per poll:
   saturation; a step never more than doubles the target): a capacity that has not moved is overshot by a
   request or two, a capacity that grew without a KV-block signal is found in a few polls. Sharing the engine
   (share under ``jump_share``) the probe does not accelerate: the other clients probe too.
-* **many clients**: on an engine running more than ``full_step_running`` (512) the step shrinks with the square
+* **many clients**: on an engine running more than ``full_step_running`` (1,024) the step shrinks with the square
   root of its size, the same for every client, so that 1,000 clients do not add 1,000 requests a poll to a fleet
   together (``_common.fleet_step``).
 * a long idle (``inflight == 0`` for ``idle_s``) forgets what was learnt and restarts slow start.
@@ -110,10 +110,10 @@ class Adaptive:
             sequence holds one block (an embedding model: ``bge-m3`` measured a bound of 25,000 on an engine of
             64 sequences, and the jump went to the ceiling).
         step_exponent, full_step_running: on an engine (or fleet) running more than ``full_step_running``
-            sequences (default 512, > 0) the steady-state step (additive increase and probe) is ``increase_step
+            sequences (default 1,024, > 0) the steady-state step (additive increase and probe) is ``increase_step
             × (full_step_running / running) ** step_exponent`` (default 0.5, in [0, 1]; 0 switches it off).
             Every client reads the same ``running``, so the steps stay equal (fairness); 1,000 clients on a
-            16,384-sequence fleet then add 177 a poll interval together, not 1,000, which had kept it saturated
+            16,384-sequence fleet then add 250 a poll interval together, not 1,000, which had kept it saturated
             31 % of the time (``_common.fleet_step``, docs/scale-out.md).
         accelerate_shared: let probes accelerate (``probe_growth``) below ``jump_share`` of the engine too
             (default False). Every client sharing an engine probes; N of them stepping by +1, +2, +4 together
@@ -145,7 +145,7 @@ class Adaptive:
     tokens: TokenSide = field(init=False, repr=False)
     jump_max_factor: float = 8.0
     step_exponent: float = 0.5
-    full_step_running: float = 512.0
+    full_step_running: float = 1024.0
     accelerate_shared: bool = False
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
