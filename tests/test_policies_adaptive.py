@@ -92,6 +92,10 @@ def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_e
         cut = p.next_target(inflight, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=inflight))
         assert cut == pytest.approx(0.9 * inflight * 2048 / 2056)
         assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (1024 / 2000) ** 0.5)
+    # Alone on the big engine, nobody steps with us: the full step.
+    alone = Adaptive()
+    alone.next_target(2100, saturated(2100, running=2048, time=0.0))
+    assert alone.next_target(1900, full(1900, time=12.0)) == pytest.approx(1901)
     # Up to 1,024 running the step is the full one, and the exponent 0 switches the scaling off.
     q = Adaptive()
     q.next_target(300, saturated(300, running=256, time=0.0))

@@ -111,7 +111,8 @@ class Adaptive:
             64 sequences, and the jump went to the ceiling).
         step_exponent, full_step_running: on an engine (or fleet) running more than ``full_step_running``
             sequences (default 1,024, > 0) the steady-state step (additive increase and probe) is ``increase_step
-            × (full_step_running / running) ** step_exponent`` (default 0.5, in [0, 1]; 0 switches it off).
+            × (full_step_running / running) ** step_exponent`` (default 0.5, in [0, 1]; 0 switches it off),
+            unless we are alone on it (share ``>= jump_share``).
             Every client reads the same ``running``, so the steps stay equal (fairness); 1,000 clients on a
             16,384-sequence fleet then add 250 a poll interval together, not 1,000, which had kept it saturated
             31 % of the time (``_common.fleet_step``, docs/scale-out.md).
@@ -408,7 +409,10 @@ class Adaptive:
         return obs.inflight * self.kv_high / kv
 
     def _increase(self, obs: Observation) -> float:
-        """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``."""
+        """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``
+        that we share (alone on it, share ``>= jump_share``, nobody steps with us)."""
+        if own_share(obs) >= self.jump_share:
+            return self.increase_step
         return fleet_step(self.increase_step, obs, self.full_step_running, self.step_exponent)
 
     def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
