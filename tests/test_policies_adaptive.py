@@ -60,7 +60,7 @@ def test_a_saturated_poll_cuts_to_0_9_of_the_served_share_then_climbs_by_one() -
 
 
 def test_probes_accelerate_only_where_the_engine_runs_more_than_its_known_capacity() -> None:
-    p = Adaptive()
+    p = Adaptive(step_exponent=0.0, accelerate_shared=True)  # the rule as a lone client meets it
     p.next_target(300, saturated(300, running=256, time=0.0))
     # The engine runs 300 > 256 without a queue: capacity grew without a KV-block signal, probe +1, +2, +4.
     t = 257.0
@@ -70,7 +70,7 @@ def test_probes_accelerate_only_where_the_engine_runs_more_than_its_known_capaci
 
 
 def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() -> None:
-    p = Adaptive()
+    p = Adaptive(step_exponent=0.0, accelerate_shared=True)  # the plain step, to see the cap alone
     # 32 clients on 1024 slots: we saw it saturated with 40 of ours in flight (cut to 0.9 × 40 × 1024 / 1034).
     p.next_target(40, Observation(running=1024, waiting=10, waiting_capacity=10, inflight=40, time=0.0))
     assert p.w_max == pytest.approx(40 * 1024 / 1034)
@@ -82,6 +82,40 @@ def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() ->
     assert p.probes == 1
     # Half the engine free: our share of its capacity (50 / 500 × 1024 = 102.4) is the goal; restore to 0.9 × it.
     assert p.next_target(50, full(50, time=48.0, running=500)) == pytest.approx(0.9 * 102.4)
+
+
+def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_every_client_alike() -> None:
+    # A fleet that ran 2,048 while saturated. Below the goal the step is (1,024 / 2,000)^0.5 = 0.72, not 1, for a
+    # client with 16 in flight and for one with 64 alike (the same step keeps them converging to equal shares).
+    for inflight in (16, 64):
+        p = Adaptive()
+        cut = p.next_target(inflight, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=inflight))
+        assert cut == pytest.approx(0.9 * inflight * 2048 / 2056)
+        assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (1024 / 2000) ** 0.5)
+    # Alone on the big engine, nobody steps with us: the full step.
+    alone = Adaptive()
+    alone.next_target(2100, saturated(2100, running=2048, time=0.0))
+    assert alone.next_target(1900, full(1900, time=12.0)) == pytest.approx(1901)
+    # Up to 1,024 running the step is the full one, and the exponent 0 switches the scaling off.
+    q = Adaptive()
+    q.next_target(300, saturated(300, running=256, time=0.0))
+    assert q.next_target(240, full(240, time=12.0)) == pytest.approx(241)
+    r = Adaptive(step_exponent=0.0)
+    cut = r.next_target(16, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=16))
+    assert r.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + 1)
+
+
+def test_sharing_the_engine_probes_do_not_accelerate() -> None:
+    p = Adaptive()
+    p.next_target(300, Observation(running=1000, waiting=200, waiting_capacity=200, inflight=300, time=0.0))
+    # Above the goal (250) with the engine running 1100, more than its known capacity: a lone client would
+    # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes by the
+    # step (here (1,024 / 1,100)^0.5) every poll, since every client sharing it probes too.
+    t = 251.0
+    for i in range(3):
+        t = p.next_target(t, full(t, time=12.0 * (i + 1), running=1100))
+        assert t == pytest.approx(251.0 + (i + 1) * (1024 / 1100) ** 0.5)
+    assert p.probes == 3
 
 
 def test_kv_usage_at_kv_high_or_preemptions_count_as_saturation() -> None:
@@ -182,6 +216,9 @@ def test_application_limited_holds_and_long_idle_forgets() -> None:
         {"rescale_threshold": 0.0},
         {"restore_fraction": 1.5},
         {"kv_high": 0.0},
+        {"step_exponent": -0.1},
+        {"step_exponent": 1.5},
+        {"full_step_running": 0.0},
     ],
 )
 def test_rejects_bad_parameters(bad: dict[str, float]) -> None:

@@ -25,6 +25,7 @@ import simpy
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
 from model_concurrency.engine.stats import FOLD_EVERY, EngineStats
+from model_concurrency.observation import EngineSnapshot
 
 if TYPE_CHECKING:
     from model_concurrency.engine.topology import Server
@@ -52,8 +53,22 @@ class Bookkeeping:
     server: Server | None
     # Called for every finished request before its completion signal (after the server's books).
     on_request_finished: Callable[[Request], None] | None
+    # The last snapshot, until something it reports changes (:meth:`_stale`).
+    _snapshot: EngineSnapshot | None
+
+    def _stale(self) -> None:
+        """What a snapshot reports may have changed: drop this engine's cached snapshot and its server's.
+
+        Everything a snapshot reads (the step's gauges, the counters, the block count, up or down) changes only
+        in a step (:meth:`_complete` then ``_schedule``), an abort, a capacity change or a restart, and each of
+        those calls this. A fleet's clients read every engine at every poll, most of them between two steps."""
+        self._snapshot = None
+        server = self.server
+        if server is not None:
+            server._snapshot = None
 
     def _reset(self) -> None:
+        self._stale()
         self._stats = EngineStats()
         self.waiting: deque[Request] = deque()
         # Insertion-ordered dicts are the running list: O(1) removal of a finished request, popitem() is "last".

@@ -156,6 +156,7 @@ class Engine(Scheduler):
             self.free_blocks += self._leave_decode(request, self.tick, in_step=self._stepping)
         else:
             return False
+        self._stale()
         self._finish(request, ABORT)
         return True
 
@@ -188,6 +189,7 @@ class Engine(Scheduler):
             self.speed = float(speed)
             self._set_coefficients()
         self.max_num_seqs, self.max_num_batched_tokens = seqs, budget
+        self._stale()
         self._poke()
 
     def set_down(self) -> None:
@@ -251,8 +253,11 @@ class Engine(Scheduler):
         """This engine's signals, exactly as ``parse_vllm_metrics`` reads them from :func:`render_metrics`."""
         if not self.up:
             raise EngineDownError(f"engine {self.label} of {self.model_name} is down")
+        cached = self._snapshot
+        if cached is not None:
+            return cached  # nothing happened since it was taken, so a fold would have found nothing pending
         stats = self.stats  # folds deferred observations
-        return EngineSnapshot(
+        cached = self._snapshot = EngineSnapshot(
             running=float(self.gauge_running),
             waiting=float(self.gauge_waiting),
             waiting_capacity=float(self.gauge_waiting),
@@ -264,6 +269,7 @@ class Engine(Scheduler):
             queue_time_sum_total=stats.queue_time.sum,
             queue_time_count_total=float(stats.queue_time.count),
         )
+        return cached
 
     # ------------------------------------------------------------------ the step loop
     def _poke(self) -> None:
@@ -275,8 +281,10 @@ class Engine(Scheduler):
         env = self.env
         schedule = self._schedule
         complete = self._complete
+        stale = self._stale
         while True:
             dt = schedule()
+            stale()  # the step that ended (complete) and the one scheduled changed what a snapshot reads
             if dt is None:
                 self._wake = env.event()
                 yield self._wake
@@ -289,4 +297,5 @@ class Engine(Scheduler):
             self._stepping = False
             if epoch != self._epoch:
                 return
+            stale()
             complete()

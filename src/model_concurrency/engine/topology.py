@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Any, Literal
 
 import simpy
@@ -31,6 +32,9 @@ from model_concurrency.observation import EngineSnapshot
 __all__ = ["Fleet", "Server", "combine_snapshots"]
 
 Router = Literal["least_loaded", "round_robin"]
+# Balancer keys, in C: the fleet picks a replica and the replica an engine for every request.
+_INFLIGHT = attrgetter("inflight")
+_LOAD = attrgetter("load")
 
 
 def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
@@ -105,6 +109,7 @@ class Server:
         self.router = router
         self.name = name
         self.up = True
+        self._snapshot: EngineSnapshot | None = None  # the page's sum while no engine of it changes
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -127,6 +132,7 @@ class Server:
         engine = Engine(self.env, self.preset, index=len(self.engines), model_name=self.model_name)
         engine.server = self
         self.engines.append(engine)
+        self._snapshot = None
         return engine
 
     def set_capacity(self, **changes: Any) -> None:
@@ -139,6 +145,7 @@ class Server:
         if not self.up:
             return
         self.up = False
+        self._snapshot = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
             self._count_finish(request, ok=False)
@@ -151,6 +158,7 @@ class Server:
         if self.up:
             return
         self.up = True
+        self._snapshot = None
         self._frontend_free_at = [0.0] * self.frontend.workers
         for engine in self.engines:
             engine.set_up()
@@ -252,7 +260,7 @@ class Server:
         elif self.router == "round_robin":
             engine = live[next(self._rr) % len(live)]
         else:
-            engine = min(live, key=lambda e: e.load)
+            engine = min(live, key=_LOAD)
         engine.enqueue(request)
 
     def _count_finish(self, request: Request, *, ok: bool) -> None:
@@ -270,7 +278,10 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        return combine_snapshots(e.snapshot() for e in self.engines if e.up)
+        cached = self._snapshot  # dropped by any engine of this server whose snapshot changes (Engine._stale)
+        if cached is None:
+            cached = self._snapshot = combine_snapshots(e.snapshot() for e in self.engines if e.up)
+        return cached
 
     def render_metrics(self) -> str:
         """The ``/metrics`` page as Prometheus text."""
@@ -332,7 +343,7 @@ class Fleet:
             return None
         if self.balancer == "round_robin":
             return live[next(self._rr) % len(live)]
-        return min(live, key=lambda s: s.inflight)
+        return min(live, key=_INFLIGHT)  # the first of equals, as before
 
     def submit(self, request: Request) -> Any:
         server = self.pick()

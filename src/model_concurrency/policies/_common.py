@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["IdleClock", "app_limited", "own_share", "sustainable"]
+__all__ = ["IdleClock", "app_limited", "fleet_step", "own_share", "sustainable"]
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
@@ -68,3 +68,21 @@ def sustainable(obs: Observation) -> float | None:
     if obs.inflight <= 0 or queued <= 0:
         return None
     return obs.inflight * obs.running / queued
+
+
+def fleet_step(step: float, obs: Observation, full_running: float, exponent: float) -> float:
+    """An additive step that shrinks on an engine (or fleet) running more than ``full_running`` sequences.
+
+    N clients that each add ``step`` per poll add ``N × step`` to the engine per poll interval: 1,000 clients
+    adding one request every 12 s push a 16,384-sequence fleet by 1,000 a poll, so some engine is always just
+    past its limit (docs/scale-out.md). A bigger fleet serves more clients, so the step is scaled by
+    ``(full_running / running) ** exponent``: at exponent 0.5 and 1,024, 1,000 clients on that fleet add 250 a
+    poll interval together (1.5 % of it), and up to 1,024 running nothing changes. Every client sharing the engine
+    reads the same ``running``, so their steps stay equal, and equal steps with proportional cuts are what
+    converges to equal shares (Chiu & Jain). A step scaled by the client's own share would not: increase and cut
+    both proportional keep whatever split there is (measured in docs/scale-out.md).
+    """
+    running = obs.running
+    if exponent == 0 or running <= full_running:
+        return step
+    return float(step * (full_running / running) ** exponent)

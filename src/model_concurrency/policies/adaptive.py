@@ -31,7 +31,11 @@ sender learns, so the rules are, per poll:
   unequal clients converge to equal shares, and the overshoot that ends a cycle is one step, not 25 %.
 * **probe**: at or above the goal, ``+increase_step × probe_growth^j`` (``j`` = probing polls so far without
   saturation; a step never more than doubles the target): a capacity that has not moved is overshot by a
-  request or two, a capacity that grew without a KV-block signal is found in a few polls.
+  request or two, a capacity that grew without a KV-block signal is found in a few polls. Sharing the engine
+  (share under ``jump_share``) the probe does not accelerate: the other clients probe too.
+* **many clients**: on an engine running more than ``full_step_running`` (1,024) the step shrinks with the square
+  root of its size, the same for every client, so that 1,000 clients do not add 1,000 requests a poll to a fleet
+  together (``_common.fleet_step``).
 * a long idle (``inflight == 0`` for ``idle_s``) forgets what was learnt and restarts slow start.
 
 Second round (docs/results.md, each for a measured miss): preemptions, KV usage ``>= kv_high`` and server-wide
@@ -54,7 +58,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies._common import IdleClock, app_limited, own_share, sustainable
+from model_concurrency.policies._common import IdleClock, app_limited, fleet_step, own_share, sustainable
 from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["Adaptive", "KvEstimate"]
@@ -105,6 +109,16 @@ class Adaptive:
             a jump it cut short is followed by another on the next poll. The KV bound says nothing where a
             sequence holds one block (an embedding model: ``bge-m3`` measured a bound of 25,000 on an engine of
             64 sequences, and the jump went to the ceiling).
+        step_exponent, full_step_running: on an engine (or fleet) running more than ``full_step_running``
+            sequences (default 1,024, > 0) the steady-state step (additive increase and probe) is ``increase_step
+            × (full_step_running / running) ** step_exponent`` (default 0.5, in [0, 1]; 0 switches it off),
+            unless we are alone on it (share ``>= jump_share``).
+            Every client reads the same ``running``, so the steps stay equal (fairness); 1,000 clients on a
+            16,384-sequence fleet then add 250 a poll interval together, not 1,000, which had kept it saturated
+            31 % of the time (``_common.fleet_step``, docs/scale-out.md).
+        accelerate_shared: let probes accelerate (``probe_growth``) below ``jump_share`` of the engine too
+            (default False). Every client sharing an engine probes; N of them stepping by +1, +2, +4 together
+            overshoot it by N times that, and the equal step is what makes clients converge to equal shares.
     """
 
     slow_start_factor: float = 2.0
@@ -131,6 +145,9 @@ class Adaptive:
     token_overcommit: float = 1.0
     tokens: TokenSide = field(init=False, repr=False)
     jump_max_factor: float = 8.0
+    step_exponent: float = 0.5
+    full_step_running: float = 1024.0
+    accelerate_shared: bool = False
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -177,6 +194,10 @@ class Adaptive:
             raise ValueError(
                 f"jump_max_factor must be >= slow_start_factor ({self.slow_start_factor}), got {self.jump_max_factor}"
             )
+        if not 0 <= self.step_exponent <= 1:
+            raise ValueError(f"step_exponent must be in [0, 1], got {self.step_exponent}")
+        if not self.full_step_running > 0:
+            raise ValueError(f"full_step_running must be > 0, got {self.full_step_running}")
         self.samples = deque(maxlen=self.window_polls)
         self.tokens = TokenSide(TokenBudget(self.kv_high, self.token_overcommit), self.near_full)
 
@@ -393,6 +414,13 @@ class Adaptive:
             return math.inf
         return obs.inflight * self.kv_high / kv
 
+    def _increase(self, obs: Observation) -> float:
+        """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``
+        that we share (alone on it, share ``>= jump_share``, nobody steps with us)."""
+        if own_share(obs) >= self.jump_share:
+            return self.increase_step
+        return fleet_step(self.increase_step, obs, self.full_step_running, self.step_exponent)
+
     def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
         goal = self.goal(obs)
         if goal is None:
@@ -401,13 +429,17 @@ class Adaptive:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
             return min(grown, max(self.decrease_factor * goal, target + self.increase_step))
-        if target + self.increase_step <= goal:
+        # The steady-state step: the same for every client on the engine, and smaller on a big one, so that the
+        # many clients a big fleet serves do not overshoot it together every poll (fleet_step, docs/scale-out.md).
+        increase = self._increase(obs)
+        if target + increase <= goal:
             self.probes = 0
-            return target + self.increase_step
-        step = min(self.increase_step * self.probe_growth**self.probes, target)
+            return target + increase
+        growth = self.probe_growth if self.accelerate_shared or own_share(obs) >= self.jump_share else 1.0
+        step = min(increase * growth**self.probes, target)
         capacity = self.capacity(obs.time)
         if self.probe_headroom and capacity is not None and obs.running <= capacity:
-            room = max(self.increase_step, own_share(obs) * (capacity - obs.running - obs.waiting))
+            room = max(increase, own_share(obs) * (capacity - obs.running - obs.waiting))
             if room < step:
                 return target + room  # the engine is full: a probe would only displace other clients
         self.probes += 1

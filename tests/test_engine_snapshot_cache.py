@@ -1,0 +1,106 @@
+"""Reading an engine is cheap at fleet scale and still exact: cached snapshots, and small folds without numpy.
+
+A fleet's clients read every engine at every poll, mostly between two of its steps; the engine keeps its last
+snapshot until something it reports changes, and folds a batch of a few finished requests in plain Python. Both
+must give the same figures, bit for bit, as reading the page afresh.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine_helpers import tiny_preset
+from model_concurrency.engine import Fleet, Request, Server, StepTimeModel
+from model_concurrency.engine import stats as stats_module
+from model_concurrency.engine.stats import NUMPY_FROM, REQUEST_LATENCY_BUCKETS, Histogram
+from model_concurrency.engine.topology import combine_snapshots
+from model_concurrency.signals.vllm import parse_vllm_metrics
+
+MODEL = "org/tiny-model-1.0"
+
+times = st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_infinity=False)
+
+
+@given(st.lists(st.lists(times, min_size=1, max_size=NUMPY_FROM - 1), min_size=1, max_size=6))
+def test_small_batches_fold_to_the_same_bits_as_numpy(batches: list[list[float]]) -> None:
+    python, numpy = Histogram(REQUEST_LATENCY_BUCKETS), Histogram(REQUEST_LATENCY_BUCKETS)
+    for batch in batches:
+        python.observe_many(batch)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(stats_module, "NUMPY_FROM", 0)  # force the numpy path
+            numpy.observe_many(batch)
+    assert python.counts == numpy.counts
+    assert python.count == numpy.count
+    assert python.sum.hex() == numpy.sum.hex()
+
+
+def test_numpy_sums_fewer_than_eight_values_from_left_to_right() -> None:
+    # The premise of the small-batch path: if a numpy release changes it, this fails before any result moves.
+    rng = np.random.default_rng(3)
+    for n in range(1, NUMPY_FROM):
+        for _ in range(200):
+            values = rng.lognormal(-3.0, 2.0, n)
+            acc = 0.0
+            for v in values.tolist():
+                acc += v
+            assert float(values.sum()).hex() == acc.hex()
+
+
+def fresh(server: Server) -> Any:
+    """The page as a scrape would read it now (the collector reads the engines' counters directly)."""
+    return parse_vllm_metrics(server.render_metrics(), MODEL)
+
+
+def test_a_cached_snapshot_is_always_what_the_page_says() -> None:
+    # Two servers of two engines under a closed loop; read between steps, after aborts, capacity changes and a
+    # lost and restored engine: every read equals a fresh scrape, and the fleet's sum is the sum of the pages.
+    env = simpy.Environment()
+    preset = tiny_preset(max_num_seqs=3, step=StepTimeModel(a_ms=7.0, b_ms_per_token=0.01))
+    servers = [Server(env, preset, num_engines=2, name=f"r{i}") for i in range(2)]
+    fleet = Fleet(env, servers, balancer="least_loaded")
+    rng = random.Random(7)
+    live: list[Request] = []
+
+    def client() -> Generator[Any, Any, None]:
+        while True:
+            request = Request(rng.randint(4, 40), rng.randint(1, 6))
+            live.append(request)
+            yield fleet.submit(request)
+
+    def reader() -> Generator[Any, Any, None]:
+        reads = 0
+        while True:
+            yield env.timeout(rng.choice([0.0, 0.001, 0.003, 0.0105]))
+            for server in servers:
+                assert server.snapshot() == fresh(server)
+                assert server.snapshot() is server.snapshot()  # cached between changes
+            assert fleet.snapshot() == combine_snapshots(fresh(s) for s in servers)
+            reads += 1
+
+    def disturb() -> Generator[Any, Any, None]:
+        yield env.timeout(0.2)
+        for request in live[-5:]:
+            fleet.replicas[0].abort(request) or fleet.replicas[1].abort(request)
+        yield env.timeout(0.2)
+        servers[1].set_capacity(num_gpu_blocks=500)
+        yield env.timeout(0.2)
+        servers[0].engines[1].set_down()
+        yield env.timeout(0.2)
+        servers[0].engines[1].set_up()
+        yield env.timeout(0.2)
+        servers[1].add_engine()
+
+    for _ in range(12):
+        env.process(client())
+    env.process(reader())
+    env.process(disturb())
+    env.run(until=1.5)
+    assert sum(s.completed for s in servers) > 100
