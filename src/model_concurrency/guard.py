@@ -122,7 +122,9 @@ class GrowthGuard:
         if concurrency <= 0:
             return None
         rate = obs.client_calls / (obs.time - before)
-        if not 1 / self.steady <= concurrency / (rate * latency) <= self.steady:
+        # Little's law, multiplied out (rate × latency can underflow to 0 on absurd inputs; no division).
+        expected = rate * latency
+        if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
             return None  # Little's law does not hold: the load moved within a call's latency (a ramp, a cut)
         return Sample(concurrency, rate, latency)
 
