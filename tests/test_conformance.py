@@ -45,7 +45,11 @@ def test_both_sides_run_and_report_finite_figures(oracle_cache: None) -> None:
         # at least one poll per interval (more while the first ramp polls fast): the live poll thread ran on the
         # virtual clock
         assert side.polls >= scenario.duration_s / scenario.clients.poll_s - 1
-    assert result.lab.polls == result.live.polls  # the same schedule decisions on both sides
+    # The schedule code is shared, but while the first ramp polls fast, how many fast polls there are follows the
+    # policy's answers, and those follow what each side's engine showed at an instant (HTTP timing moves an
+    # admission by a step: 203 against 193 running seen on ramp). So within issue 10's budget of 2 polls; the
+    # regular grid alone is checked exactly below.
+    assert abs(result.lab.polls - result.live.polls) <= 2
     assert math.isfinite(result.goodput_gap) and result.goodput_gap >= 0
     line = summary_line([result])
     assert re.fullmatch(r"conformance: max goodput-ratio gap \d+\.\d{3}, max t90 gap (\d+\.\d{2}|inf) polls", line)

@@ -54,6 +54,7 @@ SUMMARY_KEYS = (
     "oscillation",
     "jain_fairness",
     "throttled_fraction",
+    "throttled_fraction_after_60s",
     "limit_ratio",
     "preemptions",
     "client_goodput_p5",
