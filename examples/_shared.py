@@ -58,13 +58,17 @@ def print_target_path(model: str, every_s: float = 0.05) -> Iterator[list[tuple[
     done = threading.Event()
     start = time.monotonic()
 
+    def sample() -> None:
+        target = int(get_utilization(model)["current_target"])
+        if not path or path[-1][1] != target:
+            path.append((time.monotonic() - start, target))
+            print(f"{path[-1][0]:7.2f}s  target {target}", flush=True)
+
     def watch() -> None:
         while not done.wait(every_s):
-            target = int(get_utilization(model)["current_target"])
-            if not path or path[-1][1] != target:
-                path.append((time.monotonic() - start, target))
-                print(f"{path[-1][0]:7.2f}s  target {target}", flush=True)
+            sample()
 
+    sample()  # where it starts, before the first call (a fast first poll can move it within milliseconds)
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:

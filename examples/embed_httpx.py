@@ -23,7 +23,13 @@ async def embed_all(base_url: str, served_name: str, items: list[str]) -> list[l
     async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
 
         async def embed_one(text: str) -> list[float]:
-            response = await client.post("/embeddings", json={"model": served_name, "input": text})
+            request = {"model": served_name, "input": text}
+            try:
+                response = await client.post("/embeddings", json=request)
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                # The server closed an idle keep-alive connection as this request went out on it (uvicorn's and
+                # vLLM's 5 s keep-alive race a reused connection); an embedding is safe to send again, once.
+                response = await client.post("/embeddings", json=request)
             response.raise_for_status()
             vector: list[float] = response.json()["data"][0]["embedding"]
             return vector
