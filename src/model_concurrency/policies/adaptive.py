@@ -231,20 +231,18 @@ class Adaptive:
         factor = blocks / before
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
-    def _saturated(self, obs: Observation) -> str | None:
+    def _saturated(self, obs: Observation, capacity: float | None) -> str | None:
         """Why this poll counts as saturated, or None.
 
         ``"engine"``: capacity-waiting, or (KV-bound engines) preemptions since the last poll or KV usage at
-        ``kv_high``, the engine's own word. ``"inferred"``: ``running`` is back at the capacity learnt earlier."""
+        ``kv_high``, the engine's own word. ``"inferred"``: ``running`` is back at ``capacity``, learnt earlier."""
         if obs.waiting_capacity > 0 or (self.cut_on_preemption and obs.preemptions > 0):
             return "engine"
         kv = obs.kv_cache_usage
         if self.kv_high < 1 and kv is not None and kv >= self.kv_high:
             return "engine"
-        if self.full_is_saturated and obs.running > 0:
-            capacity = self.capacity(obs.time)
-            if capacity is not None and capacity - 0.5 <= obs.running <= capacity + 0.5:
-                return "inferred"
+        if self.full_is_saturated and capacity is not None and obs.running > 0 and abs(obs.running - capacity) <= 0.5:
+            return "inferred"
         return None
 
     def _admitting(self, obs: Observation) -> bool:
@@ -387,7 +385,8 @@ class Adaptive:
             # raised max_num_seqs), or a sample caught it mid-admission. Either way the samples are stale, and the
             # engine-full rule must not cut where the engine used to stop.
             self.samples.clear()
-        why = self._saturated(obs)
+            capacity = None
+        why = self._saturated(obs, capacity)
         if why is not None:
             if self._admitting(obs):
                 return target
