@@ -45,6 +45,9 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
     items = list(snapshots)
     if not items:
         raise EngineDownError("no live engine to read")
+    combined = _combine_complete(items)
+    if combined is not None:
+        return combined
 
     def total(name: str) -> Any:
         values = [getattr(s, name) for s in items]
@@ -70,6 +73,62 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         success_total=total("success_total"),
         queue_time_sum_total=total("queue_time_sum_total"),
         queue_time_count_total=total("queue_time_count_total"),
+    )
+
+
+def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
+    """:func:`combine_snapshots` of snapshots that report every signal (the engine model's), in one pass.
+
+    Every poll of a fleet's client combines its replicas' pages; this adds each field in the same order from 0.0
+    as the general path, so the sums are the same bits. None if some snapshot lacks a signal (the general path
+    then skips the missing ones)."""
+    running = waiting = waiting_capacity = preemptions = success = queue_sum = queue_count = 0.0
+    kv_usage: float | None = None
+    blocks = tokens = 0
+    for s in items:
+        kv = s.kv_cache_usage
+        s_blocks = s.kv_num_blocks
+        s_tokens = s.kv_tokens
+        s_capacity = s.waiting_capacity
+        s_preemptions = s.preemptions_total
+        s_success = s.success_total
+        s_queue_sum = s.queue_time_sum_total
+        s_queue_count = s.queue_time_count_total
+        if (
+            kv is None
+            or s_blocks is None
+            or s_tokens is None
+            or s_capacity is None
+            or s_preemptions is None
+            or s_success is None
+            or s_queue_sum is None
+            or s_queue_count is None
+            or s.running is None
+            or s.waiting is None
+        ):
+            return None
+        running += s.running
+        waiting += s.waiting
+        waiting_capacity += s_capacity
+        preemptions += s_preemptions
+        success += s_success
+        queue_sum += s_queue_sum
+        queue_count += s_queue_count
+        if kv_usage is None or kv > kv_usage:
+            kv_usage = kv  # max() keeps the first of equals; so does a strict >
+        blocks += s_blocks
+        tokens += s_tokens
+    return EngineSnapshot(
+        running=running,
+        waiting=waiting,
+        waiting_capacity=waiting_capacity,
+        kv_cache_usage=kv_usage,
+        kv_num_blocks=blocks,
+        kv_tokens=tokens,
+        preemptions_total=preemptions,
+        success_total=success,
+        queue_time_sum_total=queue_sum,
+        queue_time_count_total=queue_count,
     )
 
 
