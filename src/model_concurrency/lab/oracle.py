@@ -22,12 +22,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
-from model_concurrency.lab.trace import Trace
+from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
 
 __all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir"]
@@ -218,12 +219,50 @@ class Oracle:
         return per_client
 
     def run(self, **kwargs: Any) -> Trace:
+        """The oracle's run of the scenario: read from the disk cache when this exact run was simulated before.
+
+        The run is as deterministic as a sweep (the scenario's seeds, the knees' schedules), and at fleet scale it
+        is a second simulation as long as the policy's own, so a warm cache skips it. Keyed by the whole scenario
+        (its name and description aside), the resolved preset, the schedules and budgets, and :data:`_VERSION`.
+        """
         from model_concurrency.lab.run import simulate
 
-        return simulate(
+        schedules, budgets = self.schedules(), self.budgets()
+        path = cache_dir() / "runs" / _run_key(self.scenario, schedules, budgets)
+        try:
+            return load_trace(path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError):
+            shutil.rmtree(path, ignore_errors=True)  # damaged (an interrupted copy, a full disk): simulate again
+        trace = simulate(
             self.scenario,
-            schedules=self.schedules(),
-            budgets=self.budgets(),
+            schedules=schedules,
+            budgets=budgets,
             resolve_fraction=self.background_rps,
             **kwargs,
         )
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_trace(trace, tmp)
+            tmp.rename(path)  # atomic: a reader sees the whole trace or none (a concurrent writer's copy wins)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # a read-only or full cache only costs time
+        return trace
+
+
+def _run_key(
+    scenario: Scenario, schedules: list[list[tuple[float, int]]], budgets: list[list[tuple[float, int | None]]]
+) -> str:
+    fields = dataclasses.asdict(scenario)
+    fields.pop("name")
+    fields.pop("description")
+    description = {
+        "version": _VERSION,
+        "scenario": fields,
+        "preset": dataclasses.asdict(preset_for(scenario)),
+        "schedules": schedules,
+        "budgets": budgets,
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
