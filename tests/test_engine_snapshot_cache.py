@@ -1,4 +1,4 @@
-"""Reading an engine is cheap at fleet scale and still exact: cached snapshots, and small folds without numpy.
+"""Reading an engine is cheap at fleet scale and still exact: cached signals, and small folds without numpy.
 
 A fleet's clients read every engine at every poll, mostly between two of its steps; the engine keeps its last
 snapshot until something it reports changes, and folds a batch of a few finished requests in plain Python. Both
@@ -81,7 +81,7 @@ def test_a_cached_snapshot_is_always_what_the_page_says() -> None:
             yield env.timeout(rng.choice([0.0, 0.001, 0.003, 0.0105]))
             for server in servers:
                 assert server.snapshot() == fresh(server)
-                assert server.snapshot() is server.snapshot()  # cached between changes
+                assert server.signals() is server.signals()  # kept between changes
             assert fleet.snapshot() == combine_snapshots(fresh(s) for s in servers)
             reads += 1
 

@@ -23,7 +23,8 @@ import simpy
 from prometheus_client import generate_latest
 from simpy.events import Timeout
 
-from model_concurrency.engine.engine import Engine, EngineDownError
+from model_concurrency.engine.bookkeeping import Signals
+from model_concurrency.engine.engine import Engine, EngineDownError, combine_signals, snapshot_of
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
@@ -167,7 +168,7 @@ class Server:
         self.router = router
         self.name = name
         self.up = True
-        self._snapshot: EngineSnapshot | None = None  # the page's sum while no engine of it changes
+        self._signals: Signals | None = None  # the page's sum while no engine of it changes
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -190,7 +191,7 @@ class Server:
         engine = Engine(self.env, self.preset, index=len(self.engines), model_name=self.model_name)
         engine.server = self
         self.engines.append(engine)
-        self._snapshot = None
+        self._signals = None
         return engine
 
     def set_capacity(self, **changes: Any) -> None:
@@ -203,7 +204,7 @@ class Server:
         if not self.up:
             return
         self.up = False
-        self._snapshot = None
+        self._signals = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
             self._count_finish(request, ok=False)
@@ -216,7 +217,7 @@ class Server:
         if self.up:
             return
         self.up = True
-        self._snapshot = None
+        self._signals = None
         self._frontend_free_at = [0.0] * self.frontend.workers
         for engine in self.engines:
             engine.set_up()
@@ -343,9 +344,13 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        cached = self._snapshot  # dropped by any engine of this server whose snapshot changes (Engine._stale)
+        return snapshot_of(self.signals())
+
+    def signals(self) -> Signals:
+        """:meth:`snapshot`'s values, kept until an engine of this server changes (``Engine._stale`` drops them)."""
+        cached = self._signals
         if cached is None:
-            cached = self._snapshot = combine_snapshots(e.snapshot() for e in self.engines if e.up)
+            cached = self._signals = combine_signals([e.signals() for e in self.engines if e.up])
         return cached
 
     def render_metrics(self) -> str:
@@ -432,7 +437,7 @@ class Fleet:
 
     def snapshot(self) -> EngineSnapshot:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
-        return combine_snapshots(s.snapshot() for s in self.live)
+        return snapshot_of(combine_signals([s.signals() for s in self.replicas if s.up]))
 
     def render_metrics(self, replica: int) -> str:
         return self.replicas[replica].render_metrics()
