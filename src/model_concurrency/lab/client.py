@@ -239,8 +239,8 @@ class SimClient:
         submit = self.target.submit_callback
         finished = self._finished
         while self.items is None or self.started < self.items or retry:
-            while (held := hold.remaining(env.now)) > 0:  # the Retry-After rule, as in gate/hold.py
-                yield env.timeout(held)
+            while hold.until > env.now:  # the Retry-After rule, as in gate/hold.py (remaining() > 0)
+                yield env.timeout(hold.remaining(env.now))
             if retry:
                 request = retry.pop()
             else:
@@ -254,8 +254,8 @@ class SimClient:
                 limiter.acquire_or_enqueue(slot, units)  # queues it: the slot was just refused
                 yield slot
             units_held[id(request)] = units
-            while (held := hold.remaining(env.now)) > 0:  # granted during a hold: start only after it
-                yield env.timeout(held)
+            while hold.until > env.now:  # granted during a hold: start only after it
+                yield env.timeout(hold.remaining(env.now))
             request.arrival_time = None
             if submit_limited is not None:
                 submit_limited(request, finished, self._refused)
