@@ -253,7 +253,10 @@ class Oracle:
             tmp.rename(path)  # atomic: a reader sees the whole trace or none (a concurrent writer's copy wins)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # a read-only or full cache only costs time
-        return trace
+            return trace
+        # The stored copy, memory-mapped, in place of the arrays just simulated (the same values): at fleet scale
+        # these are 200 MB, and the caller simulates its own run next.
+        return load_trace(path)
 
 
 def _run_key(

@@ -169,6 +169,8 @@ def run_scenario(
     from model_concurrency.lab.oracle import Oracle
 
     oracle = Oracle(scenario)
-    trace = simulate(scenario, policy_factory=policy_factory, resolve_fraction=oracle.background_rps, progress=progress)
+    # The oracle first: its run goes to the disk cache and comes back memory-mapped, so a cold fleet run does not
+    # hold the policy's whole trace while it simulates the oracle's 1,000 clients (the two runs are independent).
     oracle_trace = oracle.run() if with_oracle else None
+    trace = simulate(scenario, policy_factory=policy_factory, resolve_fraction=oracle.background_rps, progress=progress)
     return RunResult(scenario, policy_name, trace, oracle_trace, summarize(trace, oracle_trace))
