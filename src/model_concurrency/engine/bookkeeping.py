@@ -25,12 +25,16 @@ import simpy
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
 from model_concurrency.engine.stats import FOLD_EVERY, EngineStats
-from model_concurrency.observation import EngineSnapshot
 
 if TYPE_CHECKING:
     from model_concurrency.engine.topology import Server
 
-__all__ = ["Bookkeeping"]
+__all__ = ["Bookkeeping", "Signals"]
+
+# What a snapshot reads, as a plain tuple (an EngineSnapshot costs ~3 µs to build; a fleet's polls read 64 engines
+# 80 times a second): running, waiting, KV usage, KV blocks, KV tokens, preemptions, successes, queue-time sum and
+# count; counters as floats, exactly the values EngineSnapshot carries.
+Signals = tuple[float, float, float, int, int, float, float, float, float]
 
 _WAITING = RequestState.WAITING
 _PREFILL = RequestState.PREFILL
@@ -53,19 +57,19 @@ class Bookkeeping:
     server: Server | None
     # Called for every finished request before its completion signal (after the server's books).
     on_request_finished: Callable[[Request], None] | None
-    # The last snapshot, until something it reports changes (:meth:`_stale`).
-    _snapshot: EngineSnapshot | None
+    # The last snapshot's values, until something it reports changes (:meth:`_stale`).
+    _signals: Signals | None
 
     def _stale(self) -> None:
-        """What a snapshot reports may have changed: drop this engine's cached snapshot and its server's.
+        """What a snapshot reports may have changed: drop this engine's cached signals and its server's.
 
         Everything a snapshot reads (the step's gauges, the counters, the block count, up or down) changes only
         in a step (:meth:`_complete` then ``_schedule``), an abort, a capacity change or a restart, and each of
         those calls this. A fleet's clients read every engine at every poll, most of them between two steps."""
-        self._snapshot = None
+        self._signals = None
         server = self.server
         if server is not None:
-            server._snapshot = None
+            server._signals = None
 
     def _reset(self) -> None:
         self._stale()

@@ -9,19 +9,20 @@ engine, the snapshot of its signals — and the SimPy process that alternates sc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import simpy
 from simpy.events import Timeout
 
+from model_concurrency.engine.bookkeeping import Signals
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
 from model_concurrency.engine.scheduler import Scheduler
 from model_concurrency.engine.stats import EngineStats
 from model_concurrency.observation import EngineSnapshot
 
-__all__ = ["Engine", "EngineDownError"]
+__all__ = ["Engine", "EngineDownError", "combine_signals", "snapshot_of"]
 
 _NEW = RequestState.NEW
 _FRONTEND = RequestState.FRONTEND
@@ -29,6 +30,47 @@ _WAITING = RequestState.WAITING
 _PREFILL = RequestState.PREFILL
 _DECODE = RequestState.DECODE
 _FINISHED = RequestState.FINISHED
+
+
+def snapshot_of(signals: Signals) -> EngineSnapshot:
+    """The snapshot of an engine's (or a sum of engines') :data:`Signals`."""
+    running, waiting, kv_usage, blocks, tokens, preemptions, success, queue_sum, queue_count = signals
+    return EngineSnapshot(
+        running=running,
+        waiting=waiting,
+        waiting_capacity=waiting,
+        kv_cache_usage=kv_usage,
+        kv_num_blocks=blocks,
+        kv_tokens=tokens,
+        preemptions_total=preemptions,
+        success_total=success,
+        queue_time_sum_total=queue_sum,
+        queue_time_count_total=queue_count,
+    )
+
+
+def combine_signals(signals: Iterable[Signals]) -> Signals:
+    """Sum signals as :func:`~model_concurrency.engine.topology.combine_snapshots` sums snapshots (each count
+    added in page order from 0.0, KV usage the maximum, first of equals), so the floats are the same bits."""
+    running = waiting = preemptions = success = queue_sum = queue_count = 0.0
+    kv_usage = -1.0
+    blocks = tokens = 0
+    n = 0
+    for s in signals:
+        running += s[0]
+        waiting += s[1]
+        if not n or s[2] > kv_usage:
+            kv_usage = s[2]
+        blocks += s[3]
+        tokens += s[4]
+        preemptions += s[5]
+        success += s[6]
+        queue_sum += s[7]
+        queue_count += s[8]
+        n += 1
+    if not n:
+        raise EngineDownError("no live engine to read")
+    return (running, waiting, kv_usage, blocks, tokens, preemptions, success, queue_sum, queue_count)
 
 
 class EngineDownError(ConnectionError):
@@ -253,22 +295,29 @@ class Engine(Scheduler):
         """This engine's signals, exactly as ``parse_vllm_metrics`` reads them from :func:`render_metrics`."""
         if not self.up:
             raise EngineDownError(f"engine {self.label} of {self.model_name} is down")
-        cached = self._snapshot
-        if cached is not None:
-            return cached  # nothing happened since it was taken, so a fold would have found nothing pending
-        stats = self.stats  # folds deferred observations
-        cached = self._snapshot = EngineSnapshot(
-            running=float(self.gauge_running),
-            waiting=float(self.gauge_waiting),
-            waiting_capacity=float(self.gauge_waiting),
-            kv_cache_usage=self.gauge_kv_usage,
-            kv_num_blocks=self.num_gpu_blocks,
-            kv_tokens=self.num_gpu_blocks * self.block_size,
-            preemptions_total=float(stats.num_preemptions),
-            success_total=float(stats.success_total),
-            queue_time_sum_total=stats.queue_time.sum,
-            queue_time_count_total=float(stats.queue_time.count),
-        )
+        return snapshot_of(self.signals())
+
+    def signals(self) -> Signals:
+        """What :meth:`snapshot` reports, as a tuple (:data:`Signals`), kept until something it reports changes.
+
+        A read that finds them kept would have folded nothing (every change that leaves observations pending drops
+        them), so the fold points, and so the histograms' float sums, are the same however often it is read."""
+        cached = self._signals
+        if cached is None:
+            stats = self.stats  # folds deferred observations
+            blocks = self.num_gpu_blocks
+            queue = stats.queue_time
+            cached = self._signals = (
+                float(self.gauge_running),
+                float(self.gauge_waiting),
+                self.gauge_kv_usage,
+                blocks,
+                blocks * self.block_size,
+                float(stats.num_preemptions),
+                float(stats.success_total),
+                queue.sum,
+                float(queue.count),
+            )
         return cached
 
     # ------------------------------------------------------------------ the step loop

@@ -163,12 +163,29 @@ class EngineStats:
         first = self.pending_first
         if first:
             self.pending_first = []
-            self.ttft.observe_many([r.first_token_time - r.arrival_time for r in first])  # type: ignore[operator]
-            self._prompt_tokens += sum([r.prompt_tokens for r in first])
+            if len(first) < NUMPY_FROM:  # Histogram.observe_many's plain path, value by value (same bits)
+                ttft = self.ttft
+                counts, bounds = ttft.counts, ttft.bounds
+                acc = 0.0
+                prompt_tokens = 0
+                for r in first:
+                    value = r.first_token_time - r.arrival_time  # type: ignore[operator]
+                    counts[bisect_left(bounds, value)] += 1
+                    acc += value
+                    prompt_tokens += r.prompt_tokens
+                ttft.sum += acc
+                ttft.count += len(first)
+                self._prompt_tokens += prompt_tokens
+            else:
+                self.ttft.observe_many([r.first_token_time - r.arrival_time for r in first])  # type: ignore[operator]
+                self._prompt_tokens += sum([r.prompt_tokens for r in first])
         done = self.pending_finished
         if not done:
             return
         self.pending_finished = []
+        if len(done) < NUMPY_FROM:
+            self._fold_few(done)
+            return
         finished = self._finished
         # Counter keeps first-seen order, so new reasons enter ``finished`` in the order they would one by one.
         for reason, n in Counter([r.finished_reason for r in done]).items():
@@ -180,6 +197,56 @@ class EngineStats:
         served = [r for r in done if r.first_token_time is not None and r.finished_reason != ABORT]
         self.prefill_time.observe_many([r.first_token_time - r.first_scheduled_time for r in served])  # type: ignore[operator]
         self.decode_time.observe_many([r.finish_time - r.first_token_time for r in served])  # type: ignore[operator]
+
+    def _fold_few(self, done: list[Request]) -> None:
+        """:meth:`fold` of fewer than :data:`NUMPY_FROM` finished requests in one pass, without lists or Counter.
+
+        A fleet's polls fold every engine they read, a request or two each. Every histogram then takes the plain
+        path of :meth:`Histogram.observe_many` (its batch is no longer than ``done``), which this repeats value by
+        value in the same order: counts, ``sum += (0.0 + v1 + v2 ...)`` and reasons in first-seen order alike."""
+        finished = self._finished
+        e2e, queue, prefill, decode = self.e2e, self.queue_time, self.prefill_time, self.decode_time
+        bounds = e2e.bounds  # the four share REQUEST_LATENCY_BUCKETS
+        e2e_counts, queue_counts, prefill_counts, decode_counts = (
+            e2e.counts,
+            queue.counts,
+            prefill.counts,
+            decode.counts,
+        )
+        e2e_acc = queue_acc = prefill_acc = decode_acc = 0.0
+        queued = served = 0
+        for r in done:
+            reason = r.finished_reason
+            finished[reason] = finished.get(reason, 0) + 1  # type: ignore[index,arg-type]
+            finish = r.finish_time
+            value = finish - r.arrival_time  # type: ignore[operator]
+            e2e_counts[bisect_left(bounds, value)] += 1
+            e2e_acc += value
+            scheduled = r.first_scheduled_time
+            if scheduled is not None:
+                value = scheduled - r.queued_time  # type: ignore[operator]
+                queue_counts[bisect_left(bounds, value)] += 1
+                queue_acc += value
+                queued += 1
+            first = r.first_token_time
+            if first is not None and reason != ABORT:
+                value = first - scheduled  # type: ignore[operator]
+                prefill_counts[bisect_left(bounds, value)] += 1
+                prefill_acc += value
+                value = finish - first  # type: ignore[operator]
+                decode_counts[bisect_left(bounds, value)] += 1
+                decode_acc += value
+                served += 1
+        e2e.sum += e2e_acc
+        e2e.count += len(done)
+        if queued:
+            queue.sum += queue_acc
+            queue.count += queued
+        if served:
+            prefill.sum += prefill_acc
+            prefill.count += served
+            decode.sum += decode_acc
+            decode.count += served
 
     @property
     def success_total(self) -> int:

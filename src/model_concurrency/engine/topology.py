@@ -23,7 +23,8 @@ import simpy
 from prometheus_client import generate_latest
 from simpy.events import Timeout
 
-from model_concurrency.engine.engine import Engine, EngineDownError
+from model_concurrency.engine.bookkeeping import Signals
+from model_concurrency.engine.engine import Engine, EngineDownError, combine_signals, snapshot_of
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
@@ -32,9 +33,8 @@ from model_concurrency.observation import EngineSnapshot
 __all__ = ["Fleet", "Server", "combine_snapshots"]
 
 Router = Literal["least_loaded", "round_robin"]
-# Balancer keys, in C: the fleet picks a replica and the replica an engine for every request.
+# The fleet's balancer key, in C: it picks a replica for every request.
 _INFLIGHT = attrgetter("inflight")
-_LOAD = attrgetter("load")
 
 
 def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
@@ -45,6 +45,9 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
     items = list(snapshots)
     if not items:
         raise EngineDownError("no live engine to read")
+    combined = _combine_complete(items)
+    if combined is not None:
+        return combined
 
     def total(name: str) -> Any:
         values = [getattr(s, name) for s in items]
@@ -70,6 +73,62 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         success_total=total("success_total"),
         queue_time_sum_total=total("queue_time_sum_total"),
         queue_time_count_total=total("queue_time_count_total"),
+    )
+
+
+def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
+    """:func:`combine_snapshots` of snapshots that report every signal (the engine model's), in one pass.
+
+    Every poll of a fleet's client combines its replicas' pages; this adds each field in the same order from 0.0
+    as the general path, so the sums are the same bits. None if some snapshot lacks a signal (the general path
+    then skips the missing ones)."""
+    running = waiting = waiting_capacity = preemptions = success = queue_sum = queue_count = 0.0
+    kv_usage: float | None = None
+    blocks = tokens = 0
+    for s in items:
+        kv = s.kv_cache_usage
+        s_blocks = s.kv_num_blocks
+        s_tokens = s.kv_tokens
+        s_capacity = s.waiting_capacity
+        s_preemptions = s.preemptions_total
+        s_success = s.success_total
+        s_queue_sum = s.queue_time_sum_total
+        s_queue_count = s.queue_time_count_total
+        if (
+            kv is None
+            or s_blocks is None
+            or s_tokens is None
+            or s_capacity is None
+            or s_preemptions is None
+            or s_success is None
+            or s_queue_sum is None
+            or s_queue_count is None
+            or s.running is None
+            or s.waiting is None
+        ):
+            return None
+        running += s.running
+        waiting += s.waiting
+        waiting_capacity += s_capacity
+        preemptions += s_preemptions
+        success += s_success
+        queue_sum += s_queue_sum
+        queue_count += s_queue_count
+        if kv_usage is None or kv > kv_usage:
+            kv_usage = kv  # max() keeps the first of equals; so does a strict >
+        blocks += s_blocks
+        tokens += s_tokens
+    return EngineSnapshot(
+        running=running,
+        waiting=waiting,
+        waiting_capacity=waiting_capacity,
+        kv_cache_usage=kv_usage,
+        kv_num_blocks=blocks,
+        kv_tokens=tokens,
+        preemptions_total=preemptions,
+        success_total=success,
+        queue_time_sum_total=queue_sum,
+        queue_time_count_total=queue_count,
     )
 
 
@@ -109,7 +168,7 @@ class Server:
         self.router = router
         self.name = name
         self.up = True
-        self._snapshot: EngineSnapshot | None = None  # the page's sum while no engine of it changes
+        self._signals: Signals | None = None  # the page's sum while no engine of it changes
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -132,7 +191,7 @@ class Server:
         engine = Engine(self.env, self.preset, index=len(self.engines), model_name=self.model_name)
         engine.server = self
         self.engines.append(engine)
-        self._snapshot = None
+        self._signals = None
         return engine
 
     def set_capacity(self, **changes: Any) -> None:
@@ -145,7 +204,7 @@ class Server:
         if not self.up:
             return
         self.up = False
-        self._snapshot = None
+        self._signals = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
             self._count_finish(request, ok=False)
@@ -158,7 +217,7 @@ class Server:
         if self.up:
             return
         self.up = True
-        self._snapshot = None
+        self._signals = None
         self._frontend_free_at = [0.0] * self.frontend.workers
         for engine in self.engines:
             engine.set_up()
@@ -250,18 +309,25 @@ class Server:
         if len(engines) == 1:
             engines[0].enqueue(request)  # a down engine aborts it
             return
+        if self.router != "round_robin":
+            # min(live engines, key=load) written out (first of equals), without a property call per engine: every
+            # request of a data-parallel server is routed here.
+            engine = None
+            best = 0
+            for candidate in engines:
+                if candidate.up:
+                    load = 4 * len(candidate.waiting) + len(candidate.running)
+                    if engine is None or load < best:
+                        engine, best = candidate, load
+            if engine is not None:
+                engine.enqueue(request)
+                return
         live = [e for e in engines if e.up]
         if not live:
             self._count_finish(request, ok=False)
             _abort_outside(request, self.env.now)
             return
-        if len(live) == 1:
-            engine = live[0]
-        elif self.router == "round_robin":
-            engine = live[next(self._rr) % len(live)]
-        else:
-            engine = min(live, key=_LOAD)
-        engine.enqueue(request)
+        live[0 if len(live) == 1 else next(self._rr) % len(live)].enqueue(request)
 
     def _count_finish(self, request: Request, *, ok: bool) -> None:
         self.inflight -= 1
@@ -278,9 +344,13 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        cached = self._snapshot  # dropped by any engine of this server whose snapshot changes (Engine._stale)
+        return snapshot_of(self.signals())
+
+    def signals(self) -> Signals:
+        """:meth:`snapshot`'s values, kept until an engine of this server changes (``Engine._stale`` drops them)."""
+        cached = self._signals
         if cached is None:
-            cached = self._snapshot = combine_snapshots(e.snapshot() for e in self.engines if e.up)
+            cached = self._signals = combine_signals([e.signals() for e in self.engines if e.up])
         return cached
 
     def render_metrics(self) -> str:
@@ -367,7 +437,7 @@ class Fleet:
 
     def snapshot(self) -> EngineSnapshot:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
-        return combine_snapshots(s.snapshot() for s in self.live)
+        return snapshot_of(combine_signals([s.signals() for s in self.replicas if s.up]))
 
     def render_metrics(self, replica: int) -> str:
         return self.replicas[replica].render_metrics()

@@ -34,7 +34,7 @@ import simpy
 
 from model_concurrency import config
 from model_concurrency.controller import CallRecorder, ControllerCore
-from model_concurrency.engine.request import Request
+from model_concurrency.engine.request import ABORT, Request
 from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, UsageMeter
 from model_concurrency.observation import EngineSnapshot
@@ -230,42 +230,52 @@ class SimClient:
 
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
+        # Runs once per request of the whole run (millions at fleet scale): attributes read once, and the slot
+        # event is made only when the limiter queues the request.
         env = self.env
+        limiter, usage, hold, units_held = self.limiter, self.usage, self.hold, self._units
+        requests, retry = self.requests, self.retry
         submit_limited = getattr(self.target, "submit_limited", None)
-        while self.items is None or self.started < self.items or self.retry:
-            while (held := self.hold.remaining(env.now)) > 0:  # the Retry-After rule, as in gate/hold.py
-                yield env.timeout(held)
-            if self.retry:
-                request = self.retry.pop()
+        submit = self.target.submit_callback
+        finished = self._finished
+        while self.items is None or self.started < self.items or retry:
+            while hold.until > env.now:  # the Retry-After rule, as in gate/hold.py (remaining() > 0)
+                yield env.timeout(hold.remaining(env.now))
+            if retry:
+                request = retry.pop()
             else:
-                request = next(self.requests)
+                request = next(requests)
                 self.started += 1
             units = request.prompt_tokens + request.output_tokens
-            slot = env.event()
-            if self.limiter.acquire_or_enqueue(slot, units):
-                self.usage.note(self.limiter.inflight, env.now, self.limiter.units)
+            if limiter.try_acquire(units):
+                usage.note(limiter.inflight, env.now, limiter.units)
             else:
+                slot = env.event()
+                limiter.acquire_or_enqueue(slot, units)  # queues it: the slot was just refused
                 yield slot
-            self._units[id(request)] = units
-            while (held := self.hold.remaining(env.now)) > 0:  # granted during a hold: start only after it
-                yield env.timeout(held)
+            units_held[id(request)] = units
+            while hold.until > env.now:  # granted during a hold: start only after it
+                yield env.timeout(hold.remaining(env.now))
             request.arrival_time = None
             if submit_limited is not None:
-                submit_limited(request, self._finished, self._refused)
+                submit_limited(request, finished, self._refused)
             else:
-                self.target.submit_callback(request, self._finished)
+                submit(request, finished)
         self._dispatching = False
 
     def _finished(self, request: Request) -> None:
         now = self.env.now
-        latency = request.latency if request.latency is not None else 0.0
-        if request.ok:
+        # Request.latency, .ok and .queue_time written out: this runs for every request of the run.
+        arrival, finish = request.arrival_time, request.finish_time
+        latency = finish - arrival if finish is not None and arrival is not None else 0.0
+        reason = request.finished_reason
+        if reason is not None and reason != ABORT:
             self.completed += 1
             self.finish_times.append(now)
             self.latencies.append(latency)
-            queue = request.queue_time
-            if queue is not None:
-                self.queue_times.append(queue)
+            scheduled, queued = request.first_scheduled_time, request.queued_time
+            if scheduled is not None and queued is not None:
+                self.queue_times.append(scheduled - queued)
             self.calls.record(latency, ok=True)
         else:
             # Aborted (its replica was lost): the item is retried, as an ingestion job would. A client sees the
