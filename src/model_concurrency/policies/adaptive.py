@@ -116,13 +116,6 @@ class Adaptive:
             Every client reads the same ``running``, so the steps stay equal (fairness); 1,000 clients on a
             16,384-sequence fleet then add 250 a poll interval together, not 1,000, which had kept it saturated
             31 % of the time (``_common.fleet_step``, docs/scale-out.md).
-        fleet_decrease_factor: where the smaller step is in force (sharing an engine or fleet running more than
-            ``full_step_running``, ``step_exponent > 0``) a saturated poll cuts to this × the served share instead
-            (default 0.8, in (0, 1)). Below ``slow_start_below`` of the goal (the served share), the next poll
-            restores ``restore_fraction`` (0.9) of it, the level the usual cut leaves: a one-poll dip. There
-            1,000 clients add 250 a poll together and a saturation is cut by the clients whose polls fall in it;
-            the dip drains it sooner (``fleet-1000``: saturated 9.8 -> 6.2 % at 0.25 scale, Jain 0.871 -> 0.883,
-            goodput -0.1 %; docs/scale-out.md).
         accelerate_shared: let probes accelerate (``probe_growth``) below ``jump_share`` of the engine too
             (default False). Every client sharing an engine probes; N of them stepping by +1, +2, +4 together
             overshoot it by N times that, and the equal step is what makes clients converge to equal shares.
@@ -155,7 +148,6 @@ class Adaptive:
     step_exponent: float = 0.5
     full_step_running: float = 1024.0
     accelerate_shared: bool = False
-    fleet_decrease_factor: float = 0.8
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -178,8 +170,6 @@ class Adaptive:
             raise ValueError(f"startup_exit must be >= 1, got {self.startup_exit}")
         if not 0 < self.decrease_factor < 1:
             raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
-        if not 0 < self.fleet_decrease_factor < 1:
-            raise ValueError(f"fleet_decrease_factor must be in (0, 1), got {self.fleet_decrease_factor}")
         if not (self.increase_step > 0 and math.isfinite(self.increase_step)):
             raise ValueError(f"increase_step must be > 0, got {self.increase_step}")
         if not self.probe_growth >= 1:
@@ -415,7 +405,7 @@ class Adaptive:
             if served is None:  # none of the queue is ours
                 return target
             self.w_max, self.w_max_time = served, obs.time
-            return min(target, self._cut(obs) * served)
+            return min(target, self.decrease_factor * served)
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
@@ -427,11 +417,6 @@ class Adaptive:
         if self.kv_high >= 1 or kv is None or not kv > 0:
             return math.inf
         return obs.inflight * self.kv_high / kv
-
-    def _cut(self, obs: Observation) -> float:
-        """The saturated cut's factor: deeper where the fleet's smaller step is in force (``fleet_decrease_factor``)."""
-        fleet = self.step_exponent > 0 and obs.running > self.full_step_running
-        return self.fleet_decrease_factor if fleet and own_share(obs) < self.jump_share else self.decrease_factor
 
     def _increase(self, obs: Observation) -> float:
         """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``
