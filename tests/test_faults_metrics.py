@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from conftest import FakeClock
+from conftest import POLL_WAIT_MAX_S, FakeClock
 from fault_servers import (
     FaultHandler,
     FaultServer,
@@ -273,7 +273,7 @@ def test_fault_through_a_live_controller(
         point(controller, url)
         targets = []
         for _ in range(4):
-            clock.advance(12)
+            clock.advance(POLL_WAIT_MAX_S)
             targets.append(bounded(controller.target))
     check_failed_polls(caplog, targets, [GOOD, GOOD, GOOD, FLOOR], fault.why)
     snap = get_utilization("m")
@@ -283,7 +283,7 @@ def test_fault_through_a_live_controller(
     assert (polls("ok"), polls("failed")) == (ok_before, failed_before + 4)
     # The endpoint heals: the next good poll is taken as such and the ramp starts again from the floor.
     point(controller, f"{good.url}/metrics")
-    clock.advance(12)
+    clock.advance(POLL_WAIT_MAX_S)
     assert bounded(controller.target) == GOOD and controller.core.consecutive_failures == 0
 
 
@@ -376,7 +376,7 @@ def test_callers_do_not_wait_for_a_poll_that_is_stuck(
         controller.clock = clock
         assert bounded(controller.target) == GOOD
         point(controller, f"{stuck.url}/metrics")
-        clock.advance(12)
+        clock.advance(POLL_WAIT_MAX_S)
         poller = threading.Thread(target=controller.target, daemon=True)
         poller.start()
         assert wait_until(lambda: len(stuck.requests) == 1)
@@ -541,7 +541,7 @@ def test_a_policy_that_raises_or_answers_nan_holds_the_target(
     controller.core.policy = policy  # type: ignore[assignment]
     with caplog.at_level(logging.WARNING, "model_concurrency"):
         for _ in range(5):  # more than the grace: a policy failure is not a failed poll
-            clock.advance(12)
+            clock.advance(POLL_WAIT_MAX_S)
             assert bounded(controller.target) == GOOD
     assert controller.core.last_ok is True and controller.core.consecutive_failures == 0
     errors = [r for r in caplog.records if r.name == "model_concurrency"]

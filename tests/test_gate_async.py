@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from conftest import POLL_WAIT_MAX_S
 from model_concurrency import (
     EngineSnapshot,
     ModelRuntime,
@@ -374,7 +377,7 @@ def test_shrink_64_to_8_mid_fan_out_is_obeyed_once_drained() -> None:
             await asyncio.sleep(0.005)
         if x == 1000:
             policy.value = 8
-            clock.now += 13  # the next scheduled poll is due: the runtime's poller runs it, and the target drops
+            clock.now += POLL_WAIT_MAX_S  # the next poll is due: the runtime's poller runs it, and the target drops
         while policy.value == 8 and controller.peek() != 8:  # every call waits for that poll (no wall-time race)
             await asyncio.sleep(0.005)
         for _ in range(1 + x % 4):
@@ -410,7 +413,7 @@ def test_growth_mid_run_raises_concurrency_in_the_same_call() -> None:
             await asyncio.sleep(0.005)
         if x == 300:
             policy.value = 48
-            clock.now += 13
+            clock.now += POLL_WAIT_MAX_S
         while policy.value == 48 and controller.peek() != 48:  # every call waits for the scheduled poll
             await asyncio.sleep(0.005)
         for _ in range(1 + x % 3):
@@ -525,3 +528,33 @@ def test_reset_mid_run_drops_the_limiter_without_breaking_the_calls() -> None:
         assert registered_limiters()["m"] is not old
 
     run(asyncio.wait_for(main(), 20))
+
+
+@pytest.mark.slow
+def test_the_live_poller_draws_each_wait_from_its_own_stream_within_the_jitter() -> None:
+    """Through map_concurrent: the runtime's poller polls when the core's jittered ``next_poll_at`` comes, and
+    the waits are the ones its seeded stream gives (12 × (1 ± 0.1 × u) by default), not the fixed 12 s grid."""
+    clock, policy = Clock(), ScriptedPolicy(8)
+    controller = live_model("llm", floor=4, policy=policy, clock=clock)
+    controller.core.jitter_rng = random.Random(11)
+    twin = random.Random(11)
+    polls = 8
+
+    async def call(x: int) -> int:
+        if x == 0:  # one driver moves the clock: to each due time, then waits for that poll to be done
+            for k in range(1, polls):
+                while len(policy.seen) < k:
+                    await asyncio.sleep(0.005)
+                clock.now = controller.core.next_poll_at
+            while len(policy.seen) < polls:
+                await asyncio.sleep(0.005)
+        return x
+
+    assert run(map_concurrent(range(20), call, model="llm")) == list(range(20))
+    times = [obs.time for obs in policy.seen[:polls]]
+    expected = [1000.0]
+    for _ in range(polls - 1):
+        expected.append(expected[-1] + 12.0 * (1.0 + 0.1 * (2.0 * twin.random() - 1.0)))
+    assert times == expected
+    waits = [b - a for a, b in itertools.pairwise(times)]
+    assert all(10.8 <= w <= 13.2 for w in waits) and len(set(waits)) == len(waits)

@@ -1,4 +1,4 @@
-"""The lab at fleet scale: per-poll jitter, per-client goodput percentiles, distribution plots, the fleet scenario."""
+"""The lab at fleet scale: per-poll jitter (on by default), per-client goodput percentiles, distribution plots."""
 
 from __future__ import annotations
 
@@ -61,15 +61,24 @@ def test_jitter_is_reproducible_from_the_seed() -> None:
     assert np.array_equal(a.latencies, b.latencies)
 
 
-def test_a_lone_client_polls_on_the_dot_whatever_the_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lone_client_drifts_too_as_the_live_poller_does(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", "1")  # the regular grid only (no fast ramp polls)
-    trace = simulate(few_clients(1, 0.5, duration_s=60.0), policy_factory=lambda: load_policy("adaptive"))
-    assert np.allclose(gaps(trace)[0], 12.0)
+    (d,) = gaps(simulate(few_clients(1, 0.5, duration_s=60.0), policy_factory=lambda: load_policy("adaptive")))
+    assert np.all(d >= 6.0 - 1e-9) and np.all(d <= 18.0 + 1e-9) and np.std(d) > 0
+    (d,) = gaps(simulate(few_clients(1, 0.0, duration_s=60.0), policy_factory=lambda: load_policy("adaptive")))
+    assert np.allclose(d, 12.0)
 
 
-def test_jitter_is_off_by_default_and_checked() -> None:
-    # Off by default, as the live poller (every POLL_S from its own start); fleet-1000 sets 0.1.
-    assert scenario_from_dict({"name": "x"}).clients.poll_jitter == 0.0
+def test_jitter_is_on_by_default_the_production_knob_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unset in a scenario: the live poller's knob, MODEL_CONCURRENCY_POLL_JITTER (0.1 unless set).
+    assert scenario_from_dict({"name": "x"}).clients.poll_jitter is None
+    base = few_clients(2, 0.0)
+    default = dataclasses.replace(base, clients=dataclasses.replace(base.clients, poll_jitter=None))
+    for d in gaps(simulate(default, policy_factory=lambda: load_policy("adaptive"))):
+        assert np.all(d >= 10.8 - 1e-9) and np.all(d <= 13.2 + 1e-9) and np.std(d) > 0
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLL_JITTER", "0")
+    for d in gaps(simulate(default, policy_factory=lambda: load_policy("adaptive"))):
+        assert np.allclose(d, 12.0)
     for bad in (-0.1, 1.0, 2):
         with pytest.raises(ValueError, match="poll_jitter"):
             scenario_from_dict({"name": "x", "clients": {"poll_jitter": bad}})
@@ -158,7 +167,7 @@ def test_the_fleet_scenario_is_the_one_the_issue_asks_for() -> None:
     assert (sc.workload.prompt_tokens, sc.workload.output_tokens) == (512, 128)
     assert (sc.workload.prompt_sigma, sc.workload.output_sigma) == (0.5, 0.5)
     assert (sc.clients.count, sc.clients.floor, sc.clients.ceiling) == (1000, 4, 128)
-    assert sc.clients.poll_s == 12.0 and sc.clients.poll_jitter == 0.1
+    assert sc.clients.poll_s == 12.0 and sc.clients.poll_jitter is None  # the default: ± 10 %, as live
     assert sc.duration_s == 1800
 
 

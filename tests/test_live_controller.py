@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FakeClock
+from conftest import POLL_WAIT_MAX_S, FakeClock
 from model_concurrency import get_utilization, register_model, resolve_capacity
 from model_concurrency.config import get_model
 from model_concurrency.hooks import aresolve_capacity, controller_for
@@ -59,7 +59,7 @@ def test_ramp_saturation_outage(clock: FakeClock, policy: str) -> None:
         # Ramp: the engine has room; we use our whole target each poll, and the engine runs what we send.
         targets = []
         for _ in range(10):
-            clock.advance(12)
+            clock.advance(POLL_WAIT_MAX_S)
             inflight[0] = controller.peek()
             server.serve(two_model_page(running=inflight[0]))
             targets.append(controller.target())
@@ -72,7 +72,7 @@ def test_ramp_saturation_outage(clock: FakeClock, policy: str) -> None:
         # Saturation: capacity-waiting appears; the target is cut, never raised.
         before = controller.peek()
         server.serve(two_model_page(running=before, capacity_waiting=40))  # the engine runs what we send
-        clock.advance(12)
+        clock.advance(POLL_WAIT_MAX_S)
         inflight[0] = before
         after = controller.target()
         assert after < before
@@ -83,7 +83,7 @@ def test_ramp_saturation_outage(clock: FakeClock, policy: str) -> None:
         server.serve(b"", status=503)
         held = []
         for _ in range(4):
-            clock.advance(12)
+            clock.advance(POLL_WAIT_MAX_S)
             held.append(controller.target())
         assert held == [after, after, after, 4]
         snap = get_utilization_for(controller)
@@ -256,7 +256,7 @@ def test_any_bytes_give_a_failed_poll_never_an_exception(
     garbage_server.serve(body, status=status)
     got = []
     for _ in range(4):
-        clock.advance(12)
+        clock.advance(POLL_WAIT_MAX_S)
         got.append(controller.target())
     if controller.core.last_ok:
         return  # the random bytes happened to be a valid page for the model

@@ -6,6 +6,7 @@ sequence; the cache holds 200 such sequences, 184 at ``kv_high`` 0.92."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -258,3 +259,20 @@ def test_running_past_every_capacity_sample_forgets_them() -> None:
     p.next_target(80, poll(80, kv=0.4, time=12.0))
     assert p.capacity(12.0) is None
     assert p.next_target(90, poll(90, running=64, kv=0.3, time=24.0)) > 90
+
+
+def test_a_step_held_while_the_engine_admits_it_is_judged_like_a_jump() -> None:
+    # 100,000 blocks, 50 a sequence: a bound of 1,840, so both steps are the 8x cap (no jump to judge yet).
+    p = Adaptive()
+    assert p.next_target(4, poll(4, kv=0.002, blocks=100_000, time=0.0)) == pytest.approx(32)
+    first = dataclasses.replace(poll(32, kv=0.016, blocks=100_000, time=2.0), client_calls=10)
+    assert p.next_target(32, first) == pytest.approx(256)
+    assert p.jump_to is None and p.ramping
+    # Capacity-waiting while `running` still climbs (171 of our 224 more): held once, as a jump to judge.
+    assert p.next_target(256, poll(256, running=203, waiting=53, kv=0.1, blocks=100_000, time=4.0)) == 256
+    assert p.held and p.jump_to == 256
+    # The next poll runs it without a queue: W_max and a probe, whatever the completion count of a 2 s window
+    # says (40 against 10 before: the rate test alone would have doubled to 512, past the engine's 256).
+    settled = dataclasses.replace(poll(256, running=254, kv=0.127, blocks=100_000, time=6.0), client_calls=40)
+    assert p.next_target(256, settled) == pytest.approx(257)
+    assert p.w_max == pytest.approx(256) and not p.ramping

@@ -123,6 +123,8 @@ def test_plugins_without_the_declarations_get_the_documented_defaults(monkeypatc
         ("MODEL_CONCURRENCY_GRACE_POLLS", "-2", 3),
         ("MODEL_CONCURRENCY_THREAD_IDLE_S", "-0.5", 10.0),
         ("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", "0.5", 6.0),
+        ("MODEL_CONCURRENCY_POLL_JITTER", "1", 0.1),
+        ("MODEL_CONCURRENCY_POLL_JITTER", "-0.1", 0.1),
     ],
 )
 def test_invalid_knob_values_are_warned_about_and_ignored(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FakeClock
+from conftest import POLL_WAIT_MAX_S, FakeClock
 from model_concurrency import register_model
 from model_concurrency.runtime import ModelRuntime
 from servers import Behaviour, EngineState, metrics_server, vllm_page
@@ -40,7 +40,7 @@ def test_target_and_state_are_exported(clock: FakeClock) -> None:
         assert metrics["model_concurrency_metrics_ok"] == 1
         ok_before = metrics["model_concurrency_polls_total[ok]"]
         server.serve(b"garbage", status=500)
-        clock.advance(12)
+        clock.advance(POLL_WAIT_MAX_S)
         controller.target()
         metrics = exported("telemetry-model")
         assert metrics["model_concurrency_metrics_ok"] == 0

@@ -49,6 +49,9 @@ OUTAGE_HANDOVER = ("MODEL_CONCURRENCY_OUTAGE_HANDOVER", True)  # after the grace
 POLICY = ("MODEL_CONCURRENCY_POLICY", "adaptive")
 CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
 RAMP_POLL_DIVISOR = ("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", 6.0)  # while the policy ramps: poll every POLL_S / this
+# Each wait between two polls is POLL_S × (1 ± up to this), drawn per poll: separate processes drift apart instead of
+# polling on fixed phases (controller.py; docs/scale-out.md). 0 = the exact grid.
+POLL_JITTER = ("MODEL_CONCURRENCY_POLL_JITTER", 0.1)
 THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
 # One Prometheus server for every model that names neither its own prometheus_url nor a metrics_url: the switch
 # from N pollers scraping each engine to one scrape per engine (docs/scale-out.md).
@@ -62,6 +65,7 @@ _VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
     POLL_S[0]: (lambda v: v >= 0, "must be >= 0"),
     GRACE_POLLS[0]: (lambda v: v >= 0, "must be >= 0"),
     RAMP_POLL_DIVISOR[0]: (lambda v: v >= 1, "must be >= 1 (1 = no faster polls)"),
+    POLL_JITTER[0]: (lambda v: 0 <= v < 1, "must be >= 0 and < 1 (a share of the poll interval)"),
     THREAD_IDLE_S[0]: (lambda v: v >= 0, "must be >= 0"),
 }
 

@@ -27,26 +27,48 @@ ramp (that poll's saturation is often the engine still admitting the jump; one m
 fast poll, so the phase of the regular polls (and what a capacity change costs to see) is what it would have been.
 A failed poll always goes back to the regular schedule, so the grace rule keeps its meaning in seconds. The live
 runtime and the lab's clients both read ``next_poll_at``, so they make the same decision.
+
+Every wait the schedule draws (the regular interval, and the short one of the ramp) is jittered: ``base × (1 + j ×
+u)`` with ``u`` uniform in [-1, 1) from the core's own random stream and ``j = poll_jitter`` (0.1 by default,
+``MODEL_CONCURRENCY_POLL_JITTER``). Separate processes drift apart as they run (GC pauses, slow scrapes, restarts);
+a fleet of clients on fixed phases keeps the same ones landing in the same part of every saturation cycle. One
+draw per poll, so a stream seeded the same (the lab seeds each client from the scenario's seed) gives the same
+schedule; a live core draws from a stream seeded by the operating system.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
-from model_concurrency.config import RAMP_POLL_DIVISOR
+from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
 
-__all__ = ["THROTTLED", "CallRecorder", "ControllerCore"]
+__all__ = ["THROTTLED", "CallRecorder", "ControllerCore", "UniformSource", "check_poll_jitter"]
 
 # The HTTP statuses that mean "slow down": counted as throttled (and failed), never as a success.
 THROTTLED = (429, 503)
 
 log = logging.getLogger("model_concurrency")
+
+
+class UniformSource(Protocol):
+    """A seeded uniform stream on [0, 1): ``random.Random`` (the live default) or a numpy ``Generator`` (the lab)."""
+
+    def random(self) -> float: ...
+
+
+def check_poll_jitter(jitter: float) -> float:
+    """``jitter`` if it is a share of the interval a wait may move by (0 ≤ jitter < 1), else ``ValueError``."""
+    if not (isinstance(jitter, (int, float)) and 0 <= jitter < 1):
+        raise ValueError(f"poll_jitter must be >= 0 and < 1 (a share of the poll interval), got {jitter!r}")
+    return float(jitter)
 
 
 def _implausible(obs: Observation) -> str | None:
@@ -70,6 +92,9 @@ class ControllerCore:
     poll_interval_s: float = 12.0
     ramp_poll_divisor: float = RAMP_POLL_DIVISOR[1]
     ramp_tail_polls: int = 1
+    # Each wait is base × (1 ± up to this), drawn per poll from jitter_rng (module docstring); 0: the exact grid.
+    poll_jitter: float = POLL_JITTER[1]
+    jitter_rng: UniformSource = field(default_factory=random.Random, repr=False)
     target_value: float = field(init=False)
     consecutive_failures: int = 0
     polls: int = 0
@@ -93,6 +118,7 @@ class ControllerCore:
     def __post_init__(self) -> None:
         if not 0 < self.throttle_cut <= 1:
             raise ValueError(f"throttle_cut must be in (0, 1], got {self.throttle_cut}")
+        check_poll_jitter(self.poll_jitter)
         self.target_value = float(self.lower)
 
     @property
@@ -149,20 +175,29 @@ class ControllerCore:
             return True
         return False
 
+    def jittered(self, base: float) -> float:
+        """One wait of the schedule: ``base × (1 + poll_jitter × u)``, ``u`` uniform in [-1, 1); one draw a call."""
+        jitter = check_poll_jitter(self.poll_jitter)
+        if jitter == 0:
+            return base
+        return base * (1.0 + jitter * (2.0 * float(self.jitter_rng.random()) - 1.0))
+
     def _schedule_after(self, started: float) -> None:
         interval, regular = self.poll_interval_s, self._regular_due
         if regular is not None and interval > 0 and regular <= started:
             # This poll stood in for the regular one (or the poller paused): the grid moves on by whole intervals.
             regular += interval * (math.floor((started - regular) / interval) + 1)
+        # One draw per poll whichever branch runs, so the stream (and a seeded run) never depends on the branch.
+        jitter = self.jittered(1.0)
         if self._fast_next():
             self.fast_polls += 1
-            self._regular_due = regular if regular is not None else started + interval
-            self.next_poll_at = started + self.ramp_poll_interval_s
+            self._regular_due = regular if regular is not None else started + interval * jitter
+            self.next_poll_at = started + self.ramp_poll_interval_s * jitter
         elif regular is not None:
             self._regular_due = None
-            self.next_poll_at = max(regular, started + self.ramp_poll_interval_s)
+            self.next_poll_at = max(regular, started + self.ramp_poll_interval_s * jitter)
         else:
-            self.next_poll_at = started + interval
+            self.next_poll_at = started + interval * jitter
 
     def update(self, obs: Observation, reason: str | None = None) -> int:
         """Apply one poll's outcome (``obs.ok=False`` for a failed poll, with ``reason``). Returns the target.

@@ -8,7 +8,8 @@ A :class:`ModelRuntime` is everything this process knows and decides about one m
 * the :class:`~model_concurrency.controller.CallRecorder` the gate and :func:`slot` feed;
 * the signal source and the schedule: while anything uses the model (a fan-out, a slot) a background thread
   polls it every ``MODEL_CONCURRENCY_POLL_S`` (``/ MODEL_CONCURRENCY_RAMP_POLL_DIVISOR`` while the policy is in
-  its first ramp: the core's ``next_poll_at``), so no poll rides on a completion and none blocks an event loop.
+  its first ramp), each wait moved by up to ``± MODEL_CONCURRENCY_POLL_JITTER`` of itself (the core's
+  ``next_poll_at``), so no poll rides on a completion and none blocks an event loop.
 
 :func:`poll_step` is the poll itself (snapshot or error in at a time, target out) and is the one the lab's
 simulated clients call too. Callers read a runtime's state; only its poll writes it. The registry
@@ -259,6 +260,7 @@ class ModelRuntime:
     def _refresh_knobs(self) -> None:
         self.core.poll_interval_s = setting(*config.POLL_S)
         self.core.ramp_poll_divisor = setting(*config.RAMP_POLL_DIVISOR)
+        self.core.poll_jitter = setting(*config.POLL_JITTER)
         self.core.grace_polls = setting(*config.GRACE_POLLS)
         self.core.guard.enabled = setting(*config.GROWTH_GUARD)
         self.core.outage_handover = setting(*config.OUTAGE_HANDOVER)

@@ -7,7 +7,8 @@ on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_c
 (:func:`~model_concurrency.runtime.poll_step`: snapshot or error in, interval usage and calls drained, target
 out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process that
 sleeps until the core's ``next_poll_at``, like the live poller thread: every ``poll_s`` seconds, sooner while the
-policy ramps) and the I/O (the fleet's snapshot, and requests submitted
+policy ramps, each wait jittered by the core from the stream it is given: seeded, so a run is reproducible) and
+the I/O (the fleet's snapshot, and requests submitted
 to the engine model).
 
 A rate-limited target (:class:`~model_concurrency.lab.ratelimit.RateLimitedFront`) may refuse a call with a
@@ -146,7 +147,7 @@ class SimClient:
         grace_polls: int = 3,
         first_poll_s: float = 0.0,
         ramp_poll_divisor: float | None = None,
-        poll_jitter: float = 0.0,
+        poll_jitter: float | None = None,
         jitter_rng: np.random.Generator | None = None,
         items: int | None = None,
         metrics_up: Callable[[], bool] = lambda: True,
@@ -164,10 +165,10 @@ class SimClient:
         self.items = items
         self.metrics_up = metrics_up
         self.schedule = schedule
-        if poll_jitter and jitter_rng is None:
+        # The production knob unless the scenario sets one, read as the live runtime reads it.
+        jitter = poll_jitter if poll_jitter is not None else config.setting(*config.POLL_JITTER)
+        if policy is not None and jitter and jitter_rng is None:
             raise ValueError("poll_jitter needs a jitter_rng (runs are reproducible from their seed)")
-        self.poll_jitter = poll_jitter
-        self.jitter_rng = jitter_rng
         self.core = ControllerCore(
             policy=policy if policy is not None else _Hold(),
             floor=floor,
@@ -175,11 +176,14 @@ class SimClient:
             grace_polls=grace_polls,
             poll_interval_s=poll_s,
             outage_handover=outage_handover,
+            poll_jitter=jitter,
             # The production knob, read as the live runtime reads it, so the lab measures what ships.
             ramp_poll_divisor=(
                 ramp_poll_divisor if ramp_poll_divisor is not None else config.setting(*config.RAMP_POLL_DIVISOR)
             ),
         )
+        if jitter_rng is not None:
+            self.core.jitter_rng = jitter_rng
         self.core.guard.enabled = guard
         # A client-side policy is given no engine signal, as production gives it ClientOnlySource.
         self.engine_signals = policy is not None and uses_engine_signals(policy)
@@ -318,10 +322,7 @@ class SimClient:
             self.poll_times.append(now)
             self.poll_targets.append(core.target)
             self._resize(core.target, core.token_budget)
-            wait = max(0.0, core.next_poll_at - env.now)
-            if self.jitter_rng is not None and self.poll_jitter:
-                wait *= 1.0 + self.poll_jitter * (2.0 * self.jitter_rng.random() - 1.0)
-            yield env.timeout(wait)
+            yield env.timeout(max(0.0, core.next_poll_at - env.now))
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:
         schedule = self.schedule

@@ -10,7 +10,8 @@ lab side is :func:`~model_concurrency.lab.run.simulate`. Both use the scenario's
 
 The two differ only where production differs from the lab's client: the gate's workers follow a larger target on
 their next re-read (every 16 starts or 0.1 s), not at the instant of the poll; each call is an HTTP request; the
-poll parses Prometheus text instead of reading the engine's objects.
+poll parses Prometheus text instead of reading the engine's objects. Both draw their poll jitter from the same
+seeded stream (:func:`~model_concurrency.lab.run.poll_jitter_rng`), so a wait differs only where the polls did.
 
 Scenarios supported live: one client, one replica, no background traffic, events that add engines.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from model_concurrency import config
 from model_concurrency.config import get_model, register_model
 from model_concurrency.emulator.app import Emulator, create_app
 from model_concurrency.emulator.core import EmulatorConfig
@@ -37,7 +39,7 @@ from model_concurrency.engine.request import Request
 from model_concurrency.gate.aio import map_concurrent
 from model_concurrency.lab.client import request_stream
 from model_concurrency.lab.oracle import MEASURE_S, WARMUP_S, Oracle, Sweep
-from model_concurrency.lab.run import simulate
+from model_concurrency.lab.run import poll_jitter_rng, simulate
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
 from model_concurrency.lab.trace import ClientTrace, Trace
@@ -154,10 +156,13 @@ class AsgiMetricsSource:
 
 @contextlib.contextmanager
 def _knobs(scenario: Scenario) -> Iterator[None]:
-    """The scenario's poll interval, ceiling and grace, as production reads them (from the environment)."""
+    """The scenario's poll interval, jitter, ceiling and grace, as production reads them (from the environment)."""
     c = scenario.clients
     values = {
         "MODEL_CONCURRENCY_POLL_S": str(c.poll_s),
+        "MODEL_CONCURRENCY_POLL_JITTER": str(
+            c.poll_jitter if c.poll_jitter is not None else config.setting(*config.POLL_JITTER)
+        ),
         "MODEL_MAX_CONCURRENCY": str(c.ceiling),
         "MODEL_CONCURRENCY_GRACE_POLLS": str(c.grace_polls),
         "KG_ADAPTIVE_CONCURRENCY": "on",
@@ -225,6 +230,8 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
         runtime = install_runtime(
             ModelRuntime(get_model(name), source=source, policy=load_policy(policy), clock=loop.time)
         )
+        # The lab's client 0 draws its poll jitter from this stream: both sides draw the same waits, poll for poll.
+        runtime.core.jitter_rng = poll_jitter_rng(scenario, 0)
         loop.add_barrier(runtime.scheduled_poll_at)
         try:
             for event in (e for e in scenario.events if e.at_s < scenario.duration_s):

@@ -22,7 +22,7 @@ from model_concurrency.lab.trace import Array, ClientTrace, Trace
 from model_concurrency.lab.world import Phase, World
 from model_concurrency.policies.base import Policy
 
-__all__ = ["RunResult", "run_scenario", "simulate"]
+__all__ = ["RunResult", "poll_jitter_rng", "run_scenario", "simulate"]
 
 Progress = Callable[[float], None]
 
@@ -38,6 +38,12 @@ class RunResult:
 
 def _no_background(phase: Phase, fraction: float) -> float:
     raise ValueError("this scenario sizes background traffic from capacity: pass resolve_fraction (the oracle)")
+
+
+def poll_jitter_rng(scenario: Scenario, client: int) -> np.random.Generator:
+    """Client ``client``'s stream for its controller's poll jitter: from the scenario's seed, its own per client,
+    so a run is reproducible and the live side of a conformance run can draw the same waits."""
+    return np.random.default_rng([scenario.seed, client, 1])
 
 
 def simulate(
@@ -90,8 +96,8 @@ def simulate(
                 grace_polls=c.grace_polls,
                 # Independent processes do not poll in lock-step, and drift apart as they go.
                 first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
-                poll_jitter=c.poll_jitter if c.count > 1 else 0.0,
-                jitter_rng=np.random.default_rng([scenario.seed, i, 1]) if c.count > 1 else None,
+                poll_jitter=c.poll_jitter,
+                jitter_rng=poll_jitter_rng(scenario, i),
                 items=c.items,
                 metrics_up=lambda: world.metrics_up,
                 guard=c.guard,

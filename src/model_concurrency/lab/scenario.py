@@ -33,7 +33,7 @@ poll_s = 12
 grace_polls = 3
 guard = true            # the client-side growth guard (false: the policy's answer unchanged)
 outage_handover = true  # after the grace, hold while own calls look healthy (false: the floor)
-poll_jitter = 0.0       # each wait is poll_s x (1 +- up to this), per poll (two clients or more)
+poll_jitter = 0.1       # each wait is poll_s x (1 +- up to this), per poll; absent: MODEL_CONCURRENCY_POLL_JITTER (0.1)
 
 [background]            # open-loop traffic from other tenants (gamma arrivals; burstiness 1 = Poisson)
 rate_rps = 0.0
@@ -152,14 +152,15 @@ class Clients:
     items: int | None = None  # per client; None = as many as the run has time for
     guard: bool = True  # the client-side growth guard (MODEL_CONCURRENCY_GROWTH_GUARD)
     outage_handover: bool = True  # after the grace, hand over to the guard (MODEL_CONCURRENCY_OUTAGE_HANDOVER)
-    # Each wait between two polls is poll_s × (1 ± up to this), drawn per poll: separate processes drift apart
-    # instead of polling in lock-step. Applies with two clients or more; a lone client polls on the dot.
-    poll_jitter: float = 0.0
+    # Each wait between two polls is poll_s × (1 ± up to this), drawn per poll by the controller (the live rule):
+    # separate processes drift apart instead of polling in lock-step. None: the production knob,
+    # MODEL_CONCURRENCY_POLL_JITTER (0.1 unless set), read when the run starts.
+    poll_jitter: float | None = None
 
     def __post_init__(self) -> None:
         _at_least("clients.", "count", self.count, 1)
         _at_least("clients.", "poll_jitter", self.poll_jitter, 0)
-        if self.poll_jitter >= 1:
+        if self.poll_jitter is not None and self.poll_jitter >= 1:
             raise ValueError(f"clients.poll_jitter = {_toml(self.poll_jitter)}: must be < 1 (a share of poll_s)")
         _at_least("clients.", "floor", self.floor, 1)
         if self.ceiling < self.floor:

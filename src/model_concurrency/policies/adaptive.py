@@ -389,6 +389,11 @@ class Adaptive:
         why = self._saturated(obs, capacity)
         if why is not None:
             if self._admitting(obs):
+                # Held where the step took us: if the next poll finds it unsaturated, that is a jump that ran a poll
+                # (W_max, then probes), not a ramp to go on doubling. Left to the completion-rate test, whether a
+                # 2 s window held more completions than the previous one, it doubled past the engine on half of
+                # the jittered schedules (``ramp``: p99 queue 0.1 -> 2.0 s; docs/scale-out.md, jitter).
+                self.jump_to = target
                 return target
             served = sustainable(obs)
             if why == "engine":

@@ -1,0 +1,115 @@
+"""Fairness variants of the adaptive policy measured in docs/scale-out.md (issue 12): Jain, saturated share, p99 queue
+time and goodput per seed, then the median. A measurement script, not a feature: each variant patches one rule
+of ``Adaptive`` in this process only.
+
+    .venv/bin/python scripts/fairness_variants.py SCENARIO SCALE SEEDS VARIANT...
+    .venv/bin/python scripts/fairness_variants.py multi-client 1 61,62,63,64,65 base rate_alone
+    MODEL_CONCURRENCY_POLL_JITTER=0 .venv/bin/python scripts/fairness_variants.py multi-client 1 61,62,63,64,65 base
+    .venv/bin/python scripts/fairness_variants.py fleet-1000 0.25 1000 base fleet0.8_1
+
+Variants: ``base`` (the policy as shipped), ``dfX`` (decrease_factor X), ``ssfX`` (sharing the engine, slow start
+x X a poll), ``sdfX`` (sharing, cut to X), ``shared_hold`` (the first ramp's admitting hold on a shared engine too),
+``rate_alone`` (the completion-rate exit of the first ramp only alone on the engine), ``fleetB_S`` (sharing an
+engine running over full_step_running: cut to B x the served share, increase_step S before the fleet scaling).
+"""
+import dataclasses, sys, statistics
+from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+import model_concurrency.policies.adaptive as ad
+from model_concurrency.lab.run import simulate
+from model_concurrency.lab.scenario import load_scenario
+from model_concurrency.lab.summary import summarize
+
+def make(variant):
+    if variant == "shared_hold":
+        def admitting(self, obs):
+            load = self.startup_load
+            if not self.ramping or load is None or self.held:
+                return False
+            self.held = True
+            self.startup_load = (float(obs.inflight), obs.running)
+            grew = obs.inflight - load[0]
+            return grew > 0 and obs.running - load[1] >= 0.5 * grew
+        ad.Adaptive._admitting = admitting
+    if variant.startswith("df"):
+        import functools
+        return functools.partial(ad.Adaptive, decrease_factor=float(variant[2:]))
+    if variant == "rate_alone":
+        from model_concurrency.policies._common import own_share
+        def _startup(self, target, obs, rate):
+            previous, self.startup_rate = self.startup_rate, rate
+            load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
+            alone = own_share(obs) >= self.jump_share
+            if alone and previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
+                self.w_max, self.w_max_time, self.probes = target, obs.time, 0
+                self.startup_rate = self.startup_load = None
+                return target + self.increase_step
+            if self.engine_full_exit and load is not None:
+                grew = obs.inflight - load[0]
+                if grew > 0 and obs.running - load[1] < 0.5 * grew:
+                    before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
+                    self.w_max, self.w_max_time, self.probes = before, obs.time, 0
+                    self.startup_rate = self.startup_load = None
+                    return before + self.increase_step
+            return max(target * self.slow_start_factor, target + self.increase_step)
+        ad.Adaptive._startup = _startup
+    if variant.startswith("fleet"):  # fleetB_S: on a shared engine running > full_step_running: cut B, step S
+        b, st = (float(x) for x in variant[5:].split("_"))
+        orig = ad.Adaptive._requests
+        from model_concurrency.policies._common import own_share
+        def _requests(self, target, obs):
+            keep = self.decrease_factor, self.increase_step
+            if obs.inflight > 0 and own_share(obs) < self.jump_share and obs.running > self.full_step_running:
+                self.decrease_factor, self.increase_step = b, st
+            try:
+                return orig(self, target, obs)
+            finally:
+                self.decrease_factor, self.increase_step = keep
+        ad.Adaptive._requests = _requests
+    if variant.startswith("ssf"):  # shared-only slow start factor (monkeypatched)
+        f = float(variant[3:])
+        orig = ad.Adaptive._requests
+        from model_concurrency.policies._common import own_share
+        def _requests(self, target, obs):
+            keep = self.slow_start_factor
+            if obs.inflight > 0 and own_share(obs) < self.jump_share:
+                self.slow_start_factor = f
+            try:
+                return orig(self, target, obs)
+            finally:
+                self.slow_start_factor = keep
+        ad.Adaptive._requests = _requests
+    if variant.startswith("sdf"):  # shared-only decrease factor (monkeypatched)
+        f = float(variant[3:])
+        orig = ad.Adaptive._requests
+        from model_concurrency.policies._common import own_share
+        def _requests(self, target, obs):
+            keep = self.decrease_factor
+            if obs.inflight > 0 and own_share(obs) < self.jump_share:
+                self.decrease_factor = f
+            try:
+                return orig(self, target, obs)
+            finally:
+                self.decrease_factor = keep
+        ad.Adaptive._requests = _requests
+    return ad.Adaptive
+
+def one(args):
+    name, scale, seed, variant = args
+    cls = make(variant)
+    sc = load_scenario(Path("sims") / f"{name}.toml")
+    sc = dataclasses.replace(sc, seed=seed)
+    if scale < 1: sc = sc.scaled(scale)
+    s = summarize(simulate(sc, policy_factory=cls))
+    return seed, variant, s["jain_fairness"], s["saturated_fraction"], s["queue_time_p99_s"], s["goodput"]
+
+if __name__ == "__main__":
+    name, scale, seeds = sys.argv[1], float(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")]
+    variants = sys.argv[4:]
+    jobs = [(name, scale, s, v) for v in variants for s in seeds]
+    with ProcessPoolExecutor(2) as ex:
+        res = list(ex.map(one, jobs))
+    for v in variants:
+        rows = [r for r in res if r[1] == v]
+        for r in rows: print(name, v, "seed %d jain %.3f sat %.3f p99 %.3f goodput %.1f" % (r[0], r[2], r[3], r[4], r[5]))
+        print(name, v, "MEDIAN jain %.3f min %.3f sat %.3f" % (statistics.median(r[2] for r in rows), min(r[2] for r in rows), statistics.median(r[3] for r in rows)), flush=True)
