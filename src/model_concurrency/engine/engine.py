@@ -266,6 +266,7 @@ class Engine(Scheduler):
             kv_tokens=self.num_gpu_blocks * self.block_size,
             preemptions_total=float(stats.num_preemptions),
             success_total=float(stats.success_total),
+            generation_tokens_total=float(stats.generation_tokens),
             queue_time_sum_total=stats.queue_time.sum,
             queue_time_count_total=float(stats.queue_time.count),
         )

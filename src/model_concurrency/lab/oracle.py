@@ -69,6 +69,7 @@ def _phase_scenario(scenario: Scenario, phase: Phase, background_rps: float) -> 
         replicas=max(1, len(phase.engines)),
         balancer=scenario.fleet.balancer,
         engine=scenario.fleet.engine,
+        frontend=scenario.fleet.frontend,  # the API server is part of the fleet the knee is measured on
     )
     return dataclasses.replace(
         scenario,
