@@ -69,8 +69,8 @@ class Observation:
     Counter-derived fields (``preemptions``, ``completed``, ``generation_tokens``, ``queue_time_mean_s``) are
     deltas since the previous successful poll. ``generation_tokens`` 0 while ``completed`` > 0 is how a pooling
     (embedding) engine looks: each request finishes in the step that reads its prompt (see
-    ``policies._common.one_step_engine``). ``client_*`` fields describe this process's own calls and are what a policy for an endpoint
-    without ``/metrics`` (a hosted API) works from.
+    ``policies._common.one_step_engine``). ``client_*`` fields describe this process's own calls and are what a
+    policy for an endpoint without ``/metrics`` (a hosted API) works from.
 
     ``inflight`` is this process's calls in flight at the poll (what share estimates compare with the engine's
     gauges, which are instantaneous too). ``inflight_peak`` and ``inflight_mean`` describe the whole interval
