@@ -210,3 +210,19 @@ def test_decoders_see_exactly_the_rules_they_had(
 def test_snapshots_without_the_counter_leave_it_unknown() -> None:
     obs = observe(EngineSnapshot(running=3.0, success_total=9.0), EngineSnapshot(success_total=1.0), inflight=3, time=1)
     assert obs.generation_tokens is None and one_step_engine(obs) is None
+
+
+def test_the_lab_holds_an_embedding_engine_above_its_sequence_limit() -> None:
+    """``embed-batch`` (an engine of 64 sequences), 60 simulated seconds: with the one-step rules the target settles
+    between one and two batches after the first ramp and the client completes more than without them."""
+    from model_concurrency.lab.run import simulate
+    from model_concurrency.lab.scenario import find_scenario, load_scenario
+
+    scenario = load_scenario(find_scenario("embed-batch")).scaled(0.1)
+    limit = scenario.fleet.engine["max_num_seqs"]
+    runs = {on: simulate(scenario, policy_factory=lambda on=on: Adaptive(one_step_pipeline=on)) for on in (True, False)}
+    settled = {on: run.clients[0].poll_targets[run.clients[0].poll_times >= 20.0] for on, run in runs.items()}
+    assert len(settled[True]) > 0
+    assert all(limit < t <= 2 * limit + 2 for t in settled[True])
+    assert all(t <= 2 * limit for t in settled[False])
+    assert runs[True].clients[0].completions[-1] > runs[False].clients[0].completions[-1]
