@@ -156,6 +156,7 @@ signal_values = st.tuples(
     st.integers(32, 10**6),
     st.integers(0, 10**6).map(float),
     st.integers(0, 10**7).map(float),
+    st.integers(0, 10**8).map(float),
     times,
     st.integers(0, 10**7).map(float),
 )

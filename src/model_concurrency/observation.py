@@ -32,6 +32,8 @@ class EngineSnapshot:
     kv_tokens: int | None = None
     preemptions_total: float | None = None
     success_total: float | None = None
+    # ``vllm:generation_tokens_total``: a pooling (embedding) engine completes requests without generating any.
+    generation_tokens_total: float | None = None
     queue_time_sum_total: float | None = None
     queue_time_count_total: float | None = None
 
@@ -64,9 +66,11 @@ class Observation:
     """One poll of one model, as a policy sees it.
 
     ``waiting_capacity`` is the by-reason "capacity" gauge when the engine exports it, else ``waiting``.
-    Counter-derived fields (``preemptions``, ``completed``, ``queue_time_mean_s``) are deltas since the previous
-    successful poll. ``client_*`` fields describe this process's own calls and are what a policy for an endpoint
-    without ``/metrics`` (a hosted API) works from.
+    Counter-derived fields (``preemptions``, ``completed``, ``generation_tokens``, ``queue_time_mean_s``) are
+    deltas since the previous successful poll. ``generation_tokens`` 0 while ``completed`` > 0 is how a pooling
+    (embedding) engine looks: each request finishes in the step that reads its prompt (see
+    ``policies._common.one_step_engine``). ``client_*`` fields describe this process's own calls and are what a
+    policy for an endpoint without ``/metrics`` (a hosted API) works from.
 
     ``inflight`` is this process's calls in flight at the poll (what share estimates compare with the engine's
     gauges, which are instantaneous too). ``inflight_peak`` and ``inflight_mean`` describe the whole interval
@@ -86,6 +90,7 @@ class Observation:
     kv_tokens: int | None = None
     preemptions: float = 0.0
     completed: float | None = None
+    generation_tokens: float | None = None
     queue_time_mean_s: float | None = None
     inflight: int = 0
     inflight_peak: int = 0
@@ -141,10 +146,11 @@ def observe(
     if snapshot is None:
         return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]
     waiting_capacity = snapshot.waiting if snapshot.waiting_capacity is None else snapshot.waiting_capacity
-    preemptions = completed = queue_mean = None
+    preemptions = completed = generated = queue_mean = None
     if previous is not None:
         preemptions = _delta(snapshot.preemptions_total, previous.preemptions_total)
         completed = _delta(snapshot.success_total, previous.success_total)
+        generated = _delta(snapshot.generation_tokens_total, previous.generation_tokens_total)
         q_sum = _delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
         q_count = _delta(snapshot.queue_time_count_total, previous.queue_time_count_total)
         if q_sum is not None and q_count and math.isfinite(q_sum):
@@ -159,6 +165,7 @@ def observe(
         kv_tokens=snapshot.kv_tokens,
         preemptions=preemptions or 0.0,
         completed=completed,
+        generation_tokens=generated,
         queue_time_mean_s=queue_mean,
         inflight=inflight,
         time=time,

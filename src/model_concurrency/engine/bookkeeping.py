@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["Bookkeeping", "Signals"]
 
 # What a snapshot reads, as a plain tuple (an EngineSnapshot costs ~3 µs to build; a fleet's polls read 64 engines
-# 80 times a second): running, waiting, KV usage, KV blocks, KV tokens, preemptions, successes, queue-time sum and
-# count; counters as floats, exactly the values EngineSnapshot carries.
-Signals = tuple[float, float, float, int, int, float, float, float, float]
+# 80 times a second): running, waiting, KV usage, KV blocks, KV tokens, preemptions, successes, generated tokens,
+# queue-time sum and count; counters as floats, exactly the values EngineSnapshot carries.
+Signals = tuple[float, float, float, int, int, float, float, float, float, float]
 
 _WAITING = RequestState.WAITING
 _PREFILL = RequestState.PREFILL

@@ -34,7 +34,7 @@ _FINISHED = RequestState.FINISHED
 
 def snapshot_of(signals: Signals) -> EngineSnapshot:
     """The snapshot of an engine's (or a sum of engines') :data:`Signals`."""
-    running, waiting, kv_usage, blocks, tokens, preemptions, success, queue_sum, queue_count = signals
+    running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count = signals
     return EngineSnapshot(
         running=running,
         waiting=waiting,
@@ -44,6 +44,7 @@ def snapshot_of(signals: Signals) -> EngineSnapshot:
         kv_tokens=tokens,
         preemptions_total=preemptions,
         success_total=success,
+        generation_tokens_total=generated,
         queue_time_sum_total=queue_sum,
         queue_time_count_total=queue_count,
     )
@@ -52,7 +53,7 @@ def snapshot_of(signals: Signals) -> EngineSnapshot:
 def combine_signals(signals: Iterable[Signals]) -> Signals:
     """Sum signals as :func:`~model_concurrency.engine.topology.combine_snapshots` sums snapshots (each count
     added in page order from 0.0, KV usage the maximum, first of equals), so the floats are the same bits."""
-    running = waiting = preemptions = success = queue_sum = queue_count = 0.0
+    running = waiting = preemptions = success = generated = queue_sum = queue_count = 0.0
     kv_usage = -1.0
     blocks = tokens = 0
     n = 0
@@ -65,12 +66,13 @@ def combine_signals(signals: Iterable[Signals]) -> Signals:
         tokens += s[4]
         preemptions += s[5]
         success += s[6]
-        queue_sum += s[7]
-        queue_count += s[8]
+        generated += s[7]
+        queue_sum += s[8]
+        queue_count += s[9]
         n += 1
     if not n:
         raise EngineDownError("no live engine to read")
-    return (running, waiting, kv_usage, blocks, tokens, preemptions, success, queue_sum, queue_count)
+    return (running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count)
 
 
 class EngineDownError(ConnectionError):
@@ -315,6 +317,7 @@ class Engine(Scheduler):
                 blocks * self.block_size,
                 float(stats.num_preemptions),
                 float(stats.success_total),
+                float(stats.generation_tokens),
                 queue.sum,
                 float(queue.count),
             )

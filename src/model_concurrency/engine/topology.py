@@ -71,6 +71,7 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         kv_tokens=sum(kv_tokens) if kv_tokens else None,
         preemptions_total=total("preemptions_total"),
         success_total=total("success_total"),
+        generation_tokens_total=total("generation_tokens_total"),
         queue_time_sum_total=total("queue_time_sum_total"),
         queue_time_count_total=total("queue_time_count_total"),
     )

@@ -39,8 +39,9 @@ __all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir"]
 KNEE_FRACTION = 0.99
 WARMUP_S = 60.0
 MEASURE_S = 180.0
-# Bump when the engine model, the lab's clients or the sweep change meaning (2: sweeps hold the KV pool's budget).
-_VERSION = 2
+# Bump when the engine model, the lab's clients or the sweep change meaning (2: sweeps hold the KV pool's budget;
+# 3: the sweep keeps the scenario's front end, and clients poll on the jittered schedule).
+_VERSION = 3
 
 
 def cache_dir() -> Path:
@@ -74,6 +75,7 @@ def _phase_scenario(scenario: Scenario, phase: Phase, background_rps: float) -> 
         replicas=max(1, len(phase.engines)),
         balancer=scenario.fleet.balancer,
         engine=scenario.fleet.engine,
+        frontend=scenario.fleet.frontend,  # the API server is part of the fleet the knee is measured on
     )
     return dataclasses.replace(
         scenario,

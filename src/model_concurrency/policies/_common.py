@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["IdleClock", "app_limited", "fleet_step", "own_share", "sustainable"]
+__all__ = ["IdleClock", "app_limited", "fleet_step", "one_step_engine", "own_share", "pipelined_share", "sustainable"]
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
@@ -68,6 +68,37 @@ def sustainable(obs: Observation) -> float | None:
     if obs.inflight <= 0 or queued <= 0:
         return None
     return obs.inflight * obs.running / queued
+
+
+def one_step_engine(obs: Observation) -> bool | None:
+    """True when the engine completed requests without generating a token since the previous poll (a pooling or
+    embedding model: each request finishes in the step that reads its prompt); False when it generated tokens (a
+    decoder); None when this poll cannot tell (no counter on the page, nothing completed, a failed poll).
+
+    Read from ``vllm:generation_tokens_total`` and ``vllm:request_success_total``, never from the model's name.
+    """
+    generated, completed = obs.generation_tokens, obs.completed
+    if generated is None:
+        return None
+    if generated > 0:
+        return False
+    return True if completed is not None and completed > 0 else None
+
+
+def pipelined_share(obs: Observation, batch: float) -> float | None:
+    """:func:`sustainable` for a one-step engine, where one batch queued behind the running one is no overload.
+
+    Such an engine finishes a whole batch in one step, and its clients' next requests reach it over the following
+    milliseconds: with only ``running`` in flight the next step starts with the first arrivals and runs part
+    empty. A batch waiting keeps every step full, so the level at which our calls stop queueing is our share of
+    ``running + batch``: ``inflight × (running + batch) / (running + waiting + batch)``, capped at ``inflight``.
+    The batch sits in the denominator too: our in-flight count includes the batch on its way back to the engine,
+    which the engine's gauges never show.
+    """
+    queued = obs.running + obs.waiting
+    if obs.inflight <= 0 or queued <= 0:
+        return None
+    return obs.inflight * min(1.0, (obs.running + batch) / (queued + batch))
 
 
 def fleet_step(step: float, obs: Observation, full_running: float, exponent: float) -> float:

@@ -5,7 +5,8 @@ Prometheus server that scrapes every replica. Three instant queries per poll, th
 ``/metrics`` scrape (caps, deadline, no cross-origin redirects):
 
 * ``sum by (__name__, reason) ({__name__=~"<counts and counters>", model_name="<served>"})``: running, waiting,
-  waiting by reason, preemptions, successes, queue-time sum and count, summed over replicas and engines;
+  waiting by reason, preemptions, successes, generated tokens, queue-time sum and count, summed over replicas
+  and engines;
 * ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage;
 * ``{__name__=~"<cache_config_info>"} and on (instance) <running of the served model>``: each engine's KV pool
   (block count and size are labels, so the series are read one by one and summed here). The join keeps the info
@@ -30,6 +31,7 @@ from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
     CACHE_CONFIG,
+    GENERATION,
     KV_USAGE,
     PREEMPTIONS,
     QUEUE_COUNT,
@@ -52,7 +54,7 @@ from model_concurrency.signals.vllm import (
 __all__ = ["PrometheusSource", "promql_string"]
 
 Vector = list[tuple[dict[str, str], float]]
-_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT)
+_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT)
 
 
 def promql_string(value: str) -> str:

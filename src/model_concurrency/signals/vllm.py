@@ -52,10 +52,11 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 CACHE_CONFIG = "vllm:cache_config_info"
 PREEMPTIONS = "vllm:num_preemptions_total"
 SUCCESS = "vllm:request_success_total"
+GENERATION = "vllm:generation_tokens_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 
-_WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, QUEUE_SUM, QUEUE_COUNT}
+_WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT}
 
 RAY_PREFIX = "ray_"
 
@@ -69,7 +70,7 @@ def ray_form(name: str) -> str:
 _FROM_RAY = {ray_form(name): name for name in (*_WANTED, CACHE_CONFIG)}
 # Some Ray exporters print counters without ``_total`` (some print both): the bare spelling counts only when the
 # ``_total`` one is absent, so a page carrying both is not counted twice.
-RAY_BARE_COUNTERS = {ray_form(name).removesuffix("_total"): name for name in (PREEMPTIONS, SUCCESS)}
+RAY_BARE_COUNTERS = {ray_form(name).removesuffix("_total"): name for name in (PREEMPTIONS, SUCCESS, GENERATION)}
 
 
 def vllm_name(name: str) -> str:
@@ -200,6 +201,7 @@ def snapshot_from_totals(
         kv_tokens=kv_tokens,
         preemptions_total=totals.get(PREEMPTIONS),
         success_total=totals.get(SUCCESS),
+        generation_tokens_total=totals.get(GENERATION),
         queue_time_sum_total=totals.get(QUEUE_SUM),
         queue_time_count_total=totals.get(QUEUE_COUNT),
     )
