@@ -16,7 +16,8 @@ Sweeps are deterministic (fixed seeds, common random numbers across concurrency 
 cached on disk, keyed by everything that can change them; a scaled-down scenario reuses its full-size sweep. The
 oracle's run is as deterministic, and at fleet scale as long to simulate as the policy's, so its whole trace is
 cached too (``runs/<key>/``, one ``.npy`` per array, read back memory-mapped; about 220 MB for ``fleet-1000``).
-Both keys carry :data:`_VERSION`: bump it when the engine model, the lab's clients or the sweep change meaning.
+Both keys carry :data:`_VERSION`: bump it when the engine model or the sweep change meaning; the run's key also
+carries :data:`_RUN_VERSION`, for changes in the lab's clients.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ __all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir"]
 KNEE_FRACTION = 0.99
 WARMUP_S = 60.0
 MEASURE_S = 180.0
-# Bump when the engine model, the lab's clients or the sweep change meaning (2: sweeps hold the KV pool's budget;
-# 3: the sweep keeps the scenario's front end, and clients poll on the jittered schedule).
-_VERSION = 3
+# Bump when the engine model or the sweep change meaning (2: sweeps hold the KV pool's budget).
+_VERSION = 2
+# The oracle's cached run also depends on the lab's clients (3: they poll on the jittered schedule).
+_RUN_VERSION = 3
 
 
 def cache_dir() -> Path:
@@ -135,6 +137,8 @@ def _key(scenario: Scenario, background_rps: float, cap: int) -> str:
     }
     if scenario.rate_limit.active:  # only then, so the sweeps cached for scenarios without a limit stay valid
         description["rate_limit"] = dataclasses.asdict(scenario.rate_limit)
+    if scenario.fleet.frontend:  # sweeps stored before they ran behind the scenario's front end are stale
+        description["frontend_overrides_swept"] = True
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -268,7 +272,7 @@ def _run_key(
     fields.pop("name")
     fields.pop("description")
     description = {
-        "version": _VERSION,
+        "version": (_VERSION, _RUN_VERSION),
         "scenario": fields,
         "preset": dataclasses.asdict(preset_for(scenario)),
         "schedules": schedules,
