@@ -83,7 +83,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
     Every poll of a fleet's client combines its replicas' pages; this adds each field in the same order from 0.0
     as the general path, so the sums are the same bits. None if some snapshot lacks a signal (the general path
     then skips the missing ones)."""
-    running = waiting = waiting_capacity = preemptions = success = queue_sum = queue_count = 0.0
+    running = waiting = waiting_capacity = preemptions = success = generated = queue_sum = queue_count = 0.0
     kv_usage: float | None = None
     blocks = tokens = 0
     for s in items:
@@ -93,6 +93,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
         s_capacity = s.waiting_capacity
         s_preemptions = s.preemptions_total
         s_success = s.success_total
+        s_generated = s.generation_tokens_total
         s_queue_sum = s.queue_time_sum_total
         s_queue_count = s.queue_time_count_total
         if (
@@ -102,6 +103,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
             or s_capacity is None
             or s_preemptions is None
             or s_success is None
+            or s_generated is None
             or s_queue_sum is None
             or s_queue_count is None
             or s.running is None
@@ -113,6 +115,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
         waiting_capacity += s_capacity
         preemptions += s_preemptions
         success += s_success
+        generated += s_generated
         queue_sum += s_queue_sum
         queue_count += s_queue_count
         if kv_usage is None or kv > kv_usage:
@@ -128,6 +131,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
         kv_tokens=tokens,
         preemptions_total=preemptions,
         success_total=success,
+        generation_tokens_total=generated,
         queue_time_sum_total=queue_sum,
         queue_time_count_total=queue_count,
     )
