@@ -164,7 +164,9 @@ async def measure(name: str, runner: Runner, args: argparse.Namespace, setup: Ca
         if args.verbose:
             shown = ", ".join(f"{a:.1f}-{b:.1f} s (<= {w:.0f})" for a, b, w in spells)
             raised_s = f"{raised_at[0]:.1f} s" if raised_at else "never"
-            print(f"    saturated spells: {shown or 'none'}; capacity raised at {raised_s}", file=sys.stderr, flush=True)
+            print(
+                f"    saturated spells: {shown or 'none'}; capacity raised at {raised_s}", file=sys.stderr, flush=True
+            )
         return result
     finally:
         emu.stop()

@@ -17,6 +17,7 @@ from engine_helpers import tiny_preset
 from model_concurrency import Observation
 from model_concurrency.engine import Request, Server
 from model_concurrency.observation import EngineSnapshot, observe
+from model_concurrency.guard import Sample
 from model_concurrency.policies import Adaptive
 from model_concurrency.policies._common import one_step_engine, pipelined_share
 from model_concurrency.signals.prometheus_api import PrometheusSource, _snapshot
@@ -226,3 +227,63 @@ def test_the_lab_holds_an_embedding_engine_above_its_sequence_limit() -> None:
     assert all(limit < t <= 2 * limit + 2 for t in settled[True])
     assert all(t <= 2 * limit for t in settled[False])
     assert runs[True].clients[0].completions[-1] > runs[False].clients[0].completions[-1]
+
+
+# -- session 6: the first ramp, a raised limit and the guard on one-step engines (live trace, docs/policies.md) --
+def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> None:
+    # 32 in flight, 31 running, KV 0.11 % of 10,000 blocks: one block a sequence, a KV bound of ~9,200. A decoder
+    # would jump 8x (32 -> 256, past an engine of 64); a one-step engine doubles (on fast polls, still ramping).
+    def first_polls(generated: float) -> tuple[float, bool]:
+        policy = Adaptive()
+        policy.next_target(4.0, Observation(inflight=4, running=1, kv_num_blocks=10_000, time=0.0))
+        ramp = Observation(
+            running=31, inflight=32, inflight_peak=32, kv_cache_usage=0.0031, kv_num_blocks=10_000,
+            generation_tokens=generated, completed=1.0, time=0.5,
+        )  # fmt: skip
+        return policy.next_target(32.0, ramp), policy.wants_fast_polls
+
+    assert first_polls(generated=0.0) == (64.0, True)
+    assert first_polls(generated=40.0) == (256.0, True)
+
+
+def test_a_raised_sequence_limit_drops_the_stale_w_max_and_probes_from_here() -> None:
+    policy = Adaptive()
+    saturated_at_64(policy, generated=0.0)  # C = 64, W_max = 200 × 128 / 264
+    assert policy.w_max == 200 * 128 / 264
+    # 66 running: more than the engine ever ran while saturated, its limit rose. W_max becomes the target (96),
+    # so the next answer is a probe (+1, then +2, +4...), not the additive climb to the old W_max.
+    assert policy.next_target(96.0, poll(96, 66, 0, time=12.0)) == 97.0
+    assert policy.w_max == 96.0 and policy.capacity(12.0) is None
+    assert policy.next_target(97.0, poll(97, 40, 0, time=24.0)) == 99.0
+    assert policy.next_target(99.0, poll(99, 66, 0, time=36.0)) == 103.0
+
+
+def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
+    policy = Adaptive()
+    saturated_at_64(policy, generated=500.0)  # W_max = 64, C = 64
+    assert policy.next_target(60.0, poll(60, 66, 0, generated=500.0, time=12.0)) == 61.0
+    assert policy.w_max == 64.0
+
+
+def test_the_guard_pools_polls_shorter_than_its_span_on_a_one_step_engine() -> None:
+    from model_concurrency.guard import GrowthGuard
+
+    def step(t: float, calls: int, inflight: float = 100.0) -> Observation:
+        """A 0.5 s poll of a one-step engine: a batch of 64 or none completes in it, each call took 1 s."""
+        return Observation(
+            time=t, inflight=int(inflight), inflight_peak=int(inflight), inflight_mean=inflight, client_calls=calls,
+            client_latency_mean_s=1.0 if calls else None, generation_tokens=0.0, completed=float(calls),
+        )  # fmt: skip
+
+    guard = GrowthGuard()
+    guard.bound(100, 100, step(0.0, 64))
+    for t, calls in [(0.5, 64), (1.0, 0), (1.5, 64), (2.0, 0), (2.5, 0), (3.0, 64), (3.5, 64), (4.0, 64)]:
+        guard.bound(100, 100, step(t, calls))
+    # 0.5-4.0 s: polls pooled until they spanned 4 latencies (4 s from 0.0, at 4.0 s): 320 calls in 4 s,
+    # 80 calls/s at 100 in flight and 1 s (Little: 80 within 1.5x of 100). One sample, not eight of 0 or 128/s.
+    assert list(guard.samples) == [Sample(100.0, 80.0, 1.0)]
+    decoder = GrowthGuard()
+    decoder.bound(100, 100, Observation(time=0.0, inflight=100, client_calls=64, generation_tokens=9.0))
+    decoder.bound(100, 100, Observation(time=0.5, inflight=100, inflight_mean=100, client_calls=64,
+                                        client_latency_mean_s=0.78125, generation_tokens=9.0, completed=64.0))  # fmt: skip
+    assert list(decoder.samples) == [Sample(100.0, 128.0, 0.78125)]  # a decoder's poll is judged alone
