@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from engine_helpers import tiny_preset
 from model_concurrency import Observation
 from model_concurrency.engine import Request, Server
-from model_concurrency.observation import EngineSnapshot, observe
 from model_concurrency.guard import Sample
+from model_concurrency.observation import EngineSnapshot, observe
 from model_concurrency.policies import Adaptive
 from model_concurrency.policies._common import one_step_engine, pipelined_share
 from model_concurrency.signals.prometheus_api import PrometheusSource, _snapshot
@@ -284,6 +284,9 @@ def test_the_guard_pools_polls_shorter_than_its_span_on_a_one_step_engine() -> N
     assert list(guard.samples) == [Sample(100.0, 80.0, 1.0)]
     decoder = GrowthGuard()
     decoder.bound(100, 100, Observation(time=0.0, inflight=100, client_calls=64, generation_tokens=9.0))
-    decoder.bound(100, 100, Observation(time=0.5, inflight=100, inflight_mean=100, client_calls=64,
-                                        client_latency_mean_s=0.78125, generation_tokens=9.0, completed=64.0))  # fmt: skip
+    second = Observation(
+        time=0.5, inflight=100, inflight_mean=100, client_calls=64, client_latency_mean_s=0.78125,
+        generation_tokens=9.0, completed=64.0,
+    )  # fmt: skip
+    decoder.bound(100, 100, second)
     assert list(decoder.samples) == [Sample(100.0, 128.0, 0.78125)]  # a decoder's poll is judged alone
