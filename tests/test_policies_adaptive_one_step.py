@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from engine_helpers import tiny_preset
 from model_concurrency import Observation
 from model_concurrency.engine import Request, Server
-from model_concurrency.guard import Sample
 from model_concurrency.observation import EngineSnapshot, observe
 from model_concurrency.policies import Adaptive
 from model_concurrency.policies._common import one_step_engine, pipelined_share
@@ -263,30 +262,3 @@ def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
     saturated_at_64(policy, generated=500.0)  # W_max = 64, C = 64
     assert policy.next_target(60.0, poll(60, 66, 0, generated=500.0, time=12.0)) == 61.0
     assert policy.w_max == 64.0
-
-
-def test_the_guard_pools_polls_shorter_than_its_span_on_a_one_step_engine() -> None:
-    from model_concurrency.guard import GrowthGuard
-
-    def step(t: float, calls: int, inflight: float = 100.0) -> Observation:
-        """A 0.5 s poll of a one-step engine: a batch of 64 or none completes in it, each call took 1 s."""
-        return Observation(
-            time=t, inflight=int(inflight), inflight_peak=int(inflight), inflight_mean=inflight, client_calls=calls,
-            client_latency_mean_s=1.0 if calls else None, generation_tokens=0.0, completed=float(calls),
-        )  # fmt: skip
-
-    guard = GrowthGuard()
-    guard.bound(100, 100, step(0.0, 64))
-    for t, calls in [(0.5, 64), (1.0, 0), (1.5, 64), (2.0, 0), (2.5, 0), (3.0, 64), (3.5, 64), (4.0, 64)]:
-        guard.bound(100, 100, step(t, calls))
-    # 0.5-4.0 s: polls pooled until they spanned 4 latencies (4 s from 0.0, at 4.0 s): 320 calls in 4 s,
-    # 80 calls/s at 100 in flight and 1 s (Little: 80 within 1.5x of 100). One sample, not eight of 0 or 128/s.
-    assert list(guard.samples) == [Sample(100.0, 80.0, 1.0)]
-    decoder = GrowthGuard()
-    decoder.bound(100, 100, Observation(time=0.0, inflight=100, client_calls=64, generation_tokens=9.0))
-    second = Observation(
-        time=0.5, inflight=100, inflight_mean=100, client_calls=64, client_latency_mean_s=0.78125,
-        generation_tokens=9.0, completed=64.0,
-    )  # fmt: skip
-    decoder.bound(100, 100, second)
-    assert list(decoder.samples) == [Sample(100.0, 128.0, 0.78125)]  # a decoder's poll is judged alone

@@ -38,7 +38,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies._common import one_step_engine
 
 __all__ = ["GrowthGuard", "Sample"]
 
@@ -73,11 +72,6 @@ class GrowthGuard:
             law). Completions lag concurrency by a call's latency, so right after a step (a ramp's fast polls,
             calls of several seconds) the rate still reflects the old load and would read as growth that
             bought nothing.
-        one_step_span: on a one-step engine (a pooling model: completions without generated tokens, the policy's
-            verdict ``_common.one_step_engine``), a sample spans at least this many mean latencies, pooling
-            polls until it does. Such an engine completes a whole batch at once, so a poll about one step long
-            counts zero, one or two batches, and its rate is the step's phase, not the load's (live: per-poll
-            completions 22-87 at one load, and the guard held the target at 72 where 115 served 17 % more).
     """
 
     enabled: bool = True
@@ -93,9 +87,6 @@ class GrowthGuard:
     throttle_margin: float = 0.95
     throttle_probe: float = 0.01
     throttle_recover: float = 0.1
-    one_step_span: float = 4.0
-    one_step: bool = field(default=False, init=False)
-    pending: tuple[float, int, float, float] | None = field(default=None, init=False)
     samples: deque[Sample] = field(init=False)
     cap: float | None = field(default=None, init=False)
     throttle_cap: float | None = field(default=None, init=False)
@@ -119,15 +110,6 @@ class GrowthGuard:
         self.samples = deque(maxlen=self.window)
 
     def _sample(self, obs: Observation) -> Sample | None:
-        verdict = one_step_engine(obs)
-        if verdict is not None:
-            self.one_step = verdict
-            if not verdict:
-                self.pending = None
-        if self.one_step:
-            pooled = self._pool(obs)
-            if pooled is not None:
-                return pooled[0]
         before, self.last_time = self.last_time, obs.time
         latency = obs.client_latency_mean_s
         if before is None or obs.time <= before or obs.client_calls < self.min_calls:
@@ -145,41 +127,6 @@ class GrowthGuard:
         if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
             return None  # Little's law does not hold: the load moved within a call's latency (a ramp, a cut)
         return Sample(concurrency, rate, latency)
-
-    def _pool(self, obs: Observation) -> tuple[Sample | None] | None:
-        """On a one-step engine: pool polls shorter than ``one_step_span`` latencies into one sample.
-
-        None: this poll alone is long enough, judge it as any other (so long polls give the same samples as on
-        a decoder). Otherwise ``(sample,)``, the sample None until the pooled polls span enough latencies."""
-        before, latency = self.last_time, obs.client_latency_mean_s
-        if before is None or obs.time <= before:
-            return None
-        if obs.client_errors or obs.client_throttled:
-            self.pending = None
-            return None
-        if obs.client_calls > 0 and (latency is None or not (math.isfinite(latency) and latency > 0)):
-            self.pending = None
-            return None
-        latency = latency if obs.client_calls > 0 and latency is not None else 0.0  # a poll between two batches
-        span = obs.time - before
-        if self.pending is None and obs.client_calls >= self.min_calls and span >= self.one_step_span * latency:
-            return None
-        self.last_time = obs.time
-        concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
-        start, calls, latency_sum, load = self.pending or (before, 0, 0.0, 0.0)
-        calls += obs.client_calls
-        latency_sum += latency * obs.client_calls
-        load += concurrency * span
-        span = obs.time - start
-        if calls < self.min_calls or latency_sum <= 0 or span < self.one_step_span * latency_sum / calls:
-            self.pending = (start, calls, latency_sum, load)
-            return (None,)
-        self.pending = None
-        rate, mean_latency, mean_load = calls / span, latency_sum / calls, load / span
-        expected = rate * mean_latency
-        if not (expected / self.steady <= mean_load <= expected * self.steady and expected > 0 and mean_load > 0):
-            return (None,)
-        return (Sample(mean_load, rate, mean_latency),)
 
     def _knee(self) -> Sample | None:
         if len(self.samples) < 2:
