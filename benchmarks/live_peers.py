@@ -108,9 +108,12 @@ async def measure(name: str, runner: Runner, args: argparse.Namespace, setup: Ca
         raised = asyncio.Event()
         background: set[asyncio.Future[None]] = set()
         samples: list[bool] = []
+        spells: list[tuple[float, float, float]] = []  # (from, to, most waiting): -v shows where saturation falls
+        raised_at: list[float] = []
         async with ShardedClient() as client, httpx.AsyncClient(timeout=10) as side:
 
             async def raise_capacity() -> None:
+                raised_at.append(time.perf_counter() - start)
                 (await side.post(f"{emu.url}/admin/capacity", json={"max_num_seqs": NEW})).raise_for_status()
 
             async def embed(i: int) -> int:
@@ -136,13 +139,20 @@ async def measure(name: str, runner: Runner, args: argparse.Namespace, setup: Ca
                 while True:
                     try:
                         snap = parse_vllm_metrics((await side.get(f"{emu.url}/metrics")).text, emu.model)
-                        samples.append((snap.waiting_capacity or 0) > 0)
+                        waiting = snap.waiting_capacity or 0
+                        samples.append(waiting > 0)
+                        if waiting > 0:
+                            now = time.perf_counter() - start
+                            if spells and now - spells[-1][1] < 0.15:
+                                spells[-1] = (spells[-1][0], now, max(spells[-1][2], waiting))
+                            else:
+                                spells.append((now, now, waiting))
                     except (httpx.HTTPError, ValueError):
                         pass
                     await asyncio.sleep(0.1)
 
-            sampler = asyncio.ensure_future(sample())
             start = time.perf_counter()
+            sampler = asyncio.ensure_future(sample())
             await runner(embed, list(range(args.items)))
             makespan = time.perf_counter() - start
             sampler.cancel()
@@ -151,6 +161,12 @@ async def measure(name: str, runner: Runner, args: argparse.Namespace, setup: Ca
         result = Result(name, makespan, len(latencies), p99, sum(samples) / max(1, len(samples)))
         print(f"  {name}: {makespan:.1f} s, {result.goodput:.0f}/s, p99 {p99:.2f} s, sat {result.saturated:.0%}, "
               f"{retried} resent after a closed keep-alive connection", file=sys.stderr, flush=True)  # fmt: skip
+        if args.verbose:
+            shown = ", ".join(f"{a:.1f}-{b:.1f} s (<= {w:.0f})" for a, b, w in spells)
+            raised_s = f"{raised_at[0]:.1f} s" if raised_at else "never"
+            print(
+                f"    saturated spells: {shown or 'none'}; capacity raised at {raised_s}", file=sys.stderr, flush=True
+            )
         return result
     finally:
         emu.stop()

@@ -226,3 +226,39 @@ def test_the_lab_holds_an_embedding_engine_above_its_sequence_limit() -> None:
     assert all(limit < t <= 2 * limit + 2 for t in settled[True])
     assert all(t <= 2 * limit for t in settled[False])
     assert runs[True].clients[0].completions[-1] > runs[False].clients[0].completions[-1]
+
+
+# -- session 6: the first ramp, a raised limit and the guard on one-step engines (live trace, docs/policies.md) --
+def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> None:
+    # 32 in flight, 31 running, KV 0.11 % of 10,000 blocks: one block a sequence, a KV bound of ~9,200. A decoder
+    # would jump 8x (32 -> 256, past an engine of 64); a one-step engine doubles (on fast polls, still ramping).
+    def first_polls(generated: float) -> tuple[float, bool]:
+        policy = Adaptive()
+        policy.next_target(4.0, Observation(inflight=4, running=1, kv_num_blocks=10_000, time=0.0))
+        ramp = Observation(
+            running=31, inflight=32, inflight_peak=32, kv_cache_usage=0.0031, kv_num_blocks=10_000,
+            generation_tokens=generated, completed=1.0, time=0.5,
+        )  # fmt: skip
+        return policy.next_target(32.0, ramp), policy.wants_fast_polls
+
+    assert first_polls(generated=0.0) == (64.0, True)
+    assert first_polls(generated=40.0) == (256.0, True)
+
+
+def test_a_raised_sequence_limit_drops_the_stale_w_max_and_probes_from_here() -> None:
+    policy = Adaptive()
+    saturated_at_64(policy, generated=0.0)  # C = 64, W_max = 200 × 128 / 264
+    assert policy.w_max == 200 * 128 / 264
+    # 66 running: more than the engine ever ran while saturated, its limit rose. W_max becomes the target (96),
+    # so the next answer is a probe (+1, then +2, +4...), not the additive climb to the old W_max.
+    assert policy.next_target(96.0, poll(96, 66, 0, time=12.0)) == 97.0
+    assert policy.w_max == 96.0 and policy.capacity(12.0) is None
+    assert policy.next_target(97.0, poll(97, 40, 0, time=24.0)) == 99.0
+    assert policy.next_target(99.0, poll(99, 66, 0, time=36.0)) == 103.0
+
+
+def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
+    policy = Adaptive()
+    saturated_at_64(policy, generated=500.0)  # W_max = 64, C = 64
+    assert policy.next_target(60.0, poll(60, 66, 0, generated=500.0, time=12.0)) == 61.0
+    assert policy.w_max == 64.0

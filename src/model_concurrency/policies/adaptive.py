@@ -371,7 +371,9 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return min(target + self.increase_step, max(target, estimate.bound))
-        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share:
+        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.pipelining:
+            # Not on a one-step engine: a pooling model's sequence holds one block, so the KV bound (25,000 on a
+            # bge-m3 of 64 sequences) says nothing about its sequence limit, and a jump lands 8x past it.
             jump = target + self.jump_fraction * (estimate.bound - target)
             step = min(jump, self.jump_max_factor * target)
             if step > grown:
@@ -431,6 +433,10 @@ class Adaptive:
             # engine-full rule must not cut where the engine used to stop.
             self.samples.clear()
             capacity = None
+            if self.pipelining and self.w_max is not None and self.w_max > target:
+                # W_max too was where the old limit stopped us: probe up from here, or the additive step's one
+                # request a poll would climb to it first (live: 40 polls at ~100 on an engine raised to 256).
+                self.w_max, self.w_max_time, self.probes = target, obs.time, 0
         why = self._saturated(obs, capacity)
         if why is not None:
             if self._admitting(obs):
