@@ -24,8 +24,8 @@ sim: setup
 		--json out/$(notdir $(basename $(SCENARIO))).json
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks notebooks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks notebooks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy
 
 # The whole suite: lint, types, then every test (slow ones included).

@@ -12,16 +12,22 @@ x X a poll), ``sdfX`` (sharing, cut to X), ``shared_hold`` (the first ramp's adm
 ``rate_alone`` (the completion-rate exit of the first ramp only alone on the engine), ``fleetB_S`` (sharing an
 engine running over full_step_running: cut to B x the served share, increase_step S before the fleet scaling).
 """
-import dataclasses, sys, statistics
-from pathlib import Path
+
+import dataclasses
+import statistics
+import sys
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
 import model_concurrency.policies.adaptive as ad
 from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import load_scenario
 from model_concurrency.lab.summary import summarize
 
+
 def make(variant):
     if variant == "shared_hold":
+
         def admitting(self, obs):
             load = self.startup_load
             if not self.ramping or load is None or self.held:
@@ -30,17 +36,26 @@ def make(variant):
             self.startup_load = (float(obs.inflight), obs.running)
             grew = obs.inflight - load[0]
             return grew > 0 and obs.running - load[1] >= 0.5 * grew
+
         ad.Adaptive._admitting = admitting
     if variant.startswith("df"):
         import functools
+
         return functools.partial(ad.Adaptive, decrease_factor=float(variant[2:]))
     if variant == "rate_alone":
         from model_concurrency.policies._common import own_share
+
         def _startup(self, target, obs, rate):
             previous, self.startup_rate = self.startup_rate, rate
             load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
             alone = own_share(obs) >= self.jump_share
-            if alone and previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
+            if (
+                alone
+                and previous is not None
+                and rate is not None
+                and previous > 0
+                and rate < self.startup_exit * previous
+            ):
                 self.w_max, self.w_max_time, self.probes = target, obs.time, 0
                 self.startup_rate = self.startup_load = None
                 return target + self.increase_step
@@ -52,11 +67,13 @@ def make(variant):
                     self.startup_rate = self.startup_load = None
                     return before + self.increase_step
             return max(target * self.slow_start_factor, target + self.increase_step)
+
         ad.Adaptive._startup = _startup
     if variant.startswith("fleet"):  # fleetB_S: on a shared engine running > full_step_running: cut B, step S
         b, st = (float(x) for x in variant[5:].split("_"))
         orig = ad.Adaptive._requests
         from model_concurrency.policies._common import own_share
+
         def _requests(self, target, obs):
             keep = self.decrease_factor, self.increase_step
             if obs.inflight > 0 and own_share(obs) < self.jump_share and obs.running > self.full_step_running:
@@ -65,11 +82,13 @@ def make(variant):
                 return orig(self, target, obs)
             finally:
                 self.decrease_factor, self.increase_step = keep
+
         ad.Adaptive._requests = _requests
     if variant.startswith("ssf"):  # shared-only slow start factor (monkeypatched)
         f = float(variant[3:])
         orig = ad.Adaptive._requests
         from model_concurrency.policies._common import own_share
+
         def _requests(self, target, obs):
             keep = self.slow_start_factor
             if obs.inflight > 0 and own_share(obs) < self.jump_share:
@@ -78,11 +97,13 @@ def make(variant):
                 return orig(self, target, obs)
             finally:
                 self.slow_start_factor = keep
+
         ad.Adaptive._requests = _requests
     if variant.startswith("sdf"):  # shared-only decrease factor (monkeypatched)
         f = float(variant[3:])
         orig = ad.Adaptive._requests
         from model_concurrency.policies._common import own_share
+
         def _requests(self, target, obs):
             keep = self.decrease_factor
             if obs.inflight > 0 and own_share(obs) < self.jump_share:
@@ -91,17 +112,21 @@ def make(variant):
                 return orig(self, target, obs)
             finally:
                 self.decrease_factor = keep
+
         ad.Adaptive._requests = _requests
     return ad.Adaptive
+
 
 def one(args):
     name, scale, seed, variant = args
     cls = make(variant)
     sc = load_scenario(Path("sims") / f"{name}.toml")
     sc = dataclasses.replace(sc, seed=seed)
-    if scale < 1: sc = sc.scaled(scale)
+    if scale < 1:
+        sc = sc.scaled(scale)
     s = summarize(simulate(sc, policy_factory=cls))
     return seed, variant, s["jain_fairness"], s["saturated_fraction"], s["queue_time_p99_s"], s["goodput"]
+
 
 if __name__ == "__main__":
     name, scale, seeds = sys.argv[1], float(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")]
@@ -111,5 +136,9 @@ if __name__ == "__main__":
         res = list(ex.map(one, jobs))
     for v in variants:
         rows = [r for r in res if r[1] == v]
-        for r in rows: print(name, v, "seed %d jain %.3f sat %.3f p99 %.3f goodput %.1f" % (r[0], r[2], r[3], r[4], r[5]))
-        print(name, v, "MEDIAN jain %.3f min %.3f sat %.3f" % (statistics.median(r[2] for r in rows), min(r[2] for r in rows), statistics.median(r[3] for r in rows)), flush=True)
+        for r in rows:
+            print(name, v, f"seed {r[0]} jain {r[2]:.3f} sat {r[3]:.3f} p99 {r[4]:.3f} goodput {r[5]:.1f}")
+        jain = statistics.median(r[2] for r in rows)
+        worst = min(r[2] for r in rows)
+        sat = statistics.median(r[3] for r in rows)
+        print(name, v, f"MEDIAN jain {jain:.3f} min {worst:.3f} sat {sat:.3f}", flush=True)
