@@ -262,3 +262,15 @@ def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
     saturated_at_64(policy, generated=500.0)  # W_max = 64, C = 64
     assert policy.next_target(60.0, poll(60, 66, 0, generated=500.0, time=12.0)) == 61.0
     assert policy.w_max == 64.0
+
+
+def test_a_shared_one_step_engine_gets_the_decoders_rules() -> None:
+    # 100 of the engine's 200 requests are ours: another client shares it. Each keeping its own second batch queued
+    # would queue a batch per client, so the answers are a decoder's, poll for poll.
+    polls = [(100, 64, 136), (40, 64, 40), (30, 64, 0), (35, 64, 0), (20, 40, 0)]  # our share at most half
+    one_step, decoder = Adaptive(), Adaptive()
+    for i, (inflight, running, waiting) in enumerate(polls):
+        target = float(inflight)
+        answer = one_step.next_target(target, poll(inflight, running, waiting, generated=0.0, time=12.0 * i))
+        assert answer == decoder.next_target(target, poll(inflight, running, waiting, generated=500.0, time=12.0 * i))
+    assert one_step.one_step and not one_step.pipelining

@@ -275,8 +275,11 @@ class Adaptive:
 
     @property
     def pipelining(self) -> bool:
-        """The engine completes requests in one step (learnt from its counters), and the one-step rules are on."""
-        return self.one_step_pipeline and self.one_step
+        """The engine completes requests in one step (learnt from its counters), the one-step rules are on, and we
+        are alone on it. Clients sharing an engine would each keep their own second batch queued (N batches for N
+        clients: `benchmarks/scale_out.py` went from 27 % to 60 % of its time saturated), so there the decoder's
+        rules apply."""
+        return self.one_step_pipeline and self.one_step and self.alone
 
     def _batches(self) -> float:
         """Batches the engine holds at its knee: 2 on a one-step engine (one running, one queued), else 1."""
