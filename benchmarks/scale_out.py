@@ -58,7 +58,13 @@ class Embed:
             client = _clients[self.base_url] = httpx.Client(
                 timeout=60, limits=httpx.Limits(max_connections=CEILING, max_keepalive_connections=CEILING)
             )
-        response = client.post(f"{self.base_url}/embeddings", json={"model": self.model, "input": text})
+        body = {"model": self.model, "input": text}
+        try:
+            response = client.post(f"{self.base_url}/embeddings", json=body)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            # A pooled connection idle for uvicorn's 5 s keep-alive can be closed as it is reused (as in
+            # live_peers.py); an embedding is idempotent, so it is sent once more.
+            response = client.post(f"{self.base_url}/embeddings", json=body)
         response.raise_for_status()
         return int(response.json()["usage"]["prompt_tokens"])
 
