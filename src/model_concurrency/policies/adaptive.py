@@ -277,8 +277,8 @@ class Adaptive:
     def pipelining(self) -> bool:
         """The engine completes requests in one step (learnt from its counters), the one-step rules are on, and we
         are alone on it. Clients sharing an engine would each keep their own second batch queued (N batches for N
-        clients: `benchmarks/scale_out.py` went from 27 % to 60 % of its time saturated), so there the decoder's
-        rules apply."""
+        clients), so there the decoder's rules apply. "Alone" is read from the in-flight share, which on a fast
+        one-step engine reads about 1 beside a peer (calls on the wire): docs/results.md, "Scale-out"."""
         return self.one_step_pipeline and self.one_step and self.alone
 
     def _batches(self) -> float:
