@@ -37,6 +37,11 @@ from model_concurrency.emulator.core import EmulatorConfig, EngineCore
 from model_concurrency.emulator.links import Outbox, RemoteLink, dispatch_call, read_frame
 from model_concurrency.emulator.openai_shapes import ApiError
 
+# Idle keep-alive connections are kept this long, past httpx's 5 s expiry, so a client never reuses a connection
+# the server is closing at that instant (both at 5 s, a reused connection could die as httpx.ReadError: seen in the
+# README snippet's test). vLLM's own API server keeps 5 s; there, resend idempotent calls on that error.
+KEEP_ALIVE_S = 30
+
 __all__ = ["EmulatorProcesses", "start_processes"]
 
 log = logging.getLogger("model_concurrency.emulator")
@@ -137,7 +142,9 @@ def frontend_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     link = RemoteLink(socket_path, model_name, config.time_scale)
     app = create_app(config, link=link)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S)
+    )
 
     def lost() -> None:
         server.should_exit = True

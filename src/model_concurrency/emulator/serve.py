@@ -62,7 +62,10 @@ def _uvicorn_server(config: EmulatorConfig, log_level: str) -> tuple[Any, str]:
     import uvicorn
 
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"))
+    from model_concurrency.emulator.processes import KEEP_ALIVE_S
+
+    config_ = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S)
+    server = uvicorn.Server(config_)
     return server, app.state.emulator.model_name
 
 
