@@ -49,6 +49,7 @@ class Sample:
     concurrency: float
     rate: float
     latency: float
+    running: float = 0.0  # the engine's (or fleet's) server-wide running at the poll; 0 without engine signals
 
 
 @dataclass(slots=True)
@@ -126,7 +127,7 @@ class GrowthGuard:
         expected = rate * latency
         if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
             return None  # Little's law does not hold: the load moved within a call's latency (a ramp, a cut)
-        return Sample(concurrency, rate, latency)
+        return Sample(concurrency, rate, latency, obs.running)
 
     def _knee(self) -> Sample | None:
         if len(self.samples) < 2:
@@ -179,6 +180,7 @@ class GrowthGuard:
             and knee is not None
             and sample.concurrency >= self.over_knee * knee.concurrency
             and sample.latency >= self.latency_rise * knee.latency
+            and not self._engine_absorbed(knee, sample)
         ):
             self.cap = max(1.0, knee.concurrency)
             self.fired += 1
@@ -188,6 +190,18 @@ class GrowthGuard:
             else:
                 self.cap *= 1 + self.probe
         return proposed if self.cap is None else min(proposed, self.cap)
+
+    @staticmethod
+    def _engine_absorbed(knee: Sample, sample: Sample) -> bool:
+        """The engine's ``running`` rose by at least half of our growth since the knee: it took the work in.
+
+        Then the latency rise is the engine's own (bigger batches, a fleet filling up), which the policy reads from
+        the engine's gauges; the guard is for a bottleneck in front of the engine, where ``running`` stays flat
+        while our concurrency grows. Without engine signals (``running`` 0 both times) this is never true. On a
+        1,000-client fleet filling up, the cap fired on clients whose doubling met the fleet's slower steps, and
+        their policies then remembered the cap as their share (docs/scale-out.md, fleet fairness)."""
+        grew = sample.concurrency - knee.concurrency
+        return grew > 0 and sample.running - knee.running >= 0.5 * grew
 
     def trouble(self, obs: Observation) -> str | None:
         """Why an outage's hold is unsafe (None: the client's own calls look as they did while signals were good).

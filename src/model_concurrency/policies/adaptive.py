@@ -420,6 +420,7 @@ class Adaptive:
             self.one_step = one_step
         if obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
+        first_poll = self.last_time is None
         rate = self._rate(obs)
         factor = self._rescale(obs)
         if factor is not None:
@@ -448,6 +449,14 @@ class Adaptive:
                 # 2 s window held more completions than the previous one, it doubled past the engine on half of
                 # the jittered schedules (``ramp``: p99 queue 0.1 -> 2.0 s; docs/scale-out.md, jitter).
                 self.jump_to = target
+                return target
+            if first_poll and self.ramping:
+                # Our first poll, before we added anything: the queue is the engine's start, not our overshoot.
+                # 1,000 clients starting together put 4,000 prompts on the fleet at once, which it admits over
+                # several steps; a client polling then recorded a served share under its floor and a capacity of
+                # 1,875 running on a 16,384-sequence fleet, and climbed from the floor at the fleet's quarter step
+                # instead of doubling with the others (fleet Jain 0.871 -> 0.905 at 0.25 scale, docs/scale-out.md).
+                # Nothing is learnt; a queue that is still there next poll cuts as usual.
                 return target
             served = pipelined_share(obs, self._batch(obs, capacity)) if self.pipelining else sustainable(obs)
             if why == "engine":
