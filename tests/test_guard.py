@@ -48,6 +48,22 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap is None
 
 
+def test_guard_lets_through_growth_the_engine_took_in() -> None:
+    # The same intervals, but the engine's running rose by 8 (our growth: 8): the latency is the engine's own
+    # (bigger batches, a fleet filling up), which the policy reads from the engine; no cap.
+    guard = GrowthGuard()
+    guard.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
+    guard.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
+    assert guard.bound(16, 32, interval(20, 16, 101, 0.16, running=1008)) == 32
+    assert guard.cap is None and guard.fired == 0
+    # Running rose by 3, under half of our 8: the growth queued in front of the engine, cap at the knee.
+    flat = GrowthGuard()
+    flat.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
+    flat.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
+    assert flat.bound(16, 32, interval(20, 16, 101, 0.16, running=1003)) == 8
+    assert flat.cap == 8 and flat.fired == 1
+
+
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
     guard = GrowthGuard()
     guard.bound(32, 256, interval(0, 32, 25, 1.2))

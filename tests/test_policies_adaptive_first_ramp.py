@@ -276,3 +276,47 @@ def test_a_step_held_while_the_engine_admits_it_is_judged_like_a_jump() -> None:
     settled = dataclasses.replace(poll(256, running=254, kv=0.127, blocks=100_000, time=6.0), client_calls=40)
     assert p.next_target(256, settled) == pytest.approx(257)
     assert p.w_max == pytest.approx(256) and not p.ramping
+
+
+def shared(inflight: int, running: float, waiting: float, time: float) -> Observation:
+    """A poll of one of many clients on a fleet (no KV figures: the first ramp doubles)."""
+    return Observation(
+        running=running,
+        waiting=waiting,
+        waiting_capacity=waiting,
+        inflight=inflight,
+        inflight_peak=inflight,
+        time=time,
+    )
+
+
+def test_a_shared_first_ramp_cut_read_mid_admission_is_forgotten_and_the_ramp_goes_on() -> None:
+    # 1,000 clients started together with 4 each: the fleet admits the 4,000 prompts over several steps, and a
+    # client polling 0.3 s in sees 1,875 running and 453 waiting. It cuts to 0.9 x its served share
+    # 4 x 1,875 / 2,328 (under its floor: the controller hands back 4) and records 1,875 as a capacity.
+    p = Adaptive()
+    assert p.next_target(4, shared(4, 1875, 453, 0.3)) == pytest.approx(0.9 * 4 * 1875 / 2328)
+    assert p.w_max == pytest.approx(4 * 1875 / 2328) and p.capacity(0.3) == 1875 and not p.ramping
+    # Its next poll finds the fleet running 7,694 without a queue: the sample was read mid-admission, and so was
+    # the share. Both are forgotten and the ramp doubles on, as the other clients' ramps do.
+    assert p.next_target(4, shared(4, 7694, 0, 11.7)) == 8
+    assert p.w_max is None and p.capacity(11.7) is None and p.ramping
+    assert p.next_target(8, shared(8, 14740, 0, 22.9)) == 16
+
+
+def test_only_the_poll_right_after_a_shared_first_ramp_cut_can_forget_it() -> None:
+    # Two saturated polls: the second cut is no first ramp's end, and running past its sample later (a capacity
+    # that grew) keeps W_max: the step climbs from it instead of doubling.
+    p = Adaptive()
+    p.next_target(32, shared(32, 16000, 300, 0.0))
+    p.next_target(32, shared(32, 16000, 300, 12.0))
+    w_max = p.w_max
+    assert w_max == pytest.approx(32 * 16000 / 16300)
+    assert p.next_target(29, shared(29, 16100, 0, 24.0)) == pytest.approx(29 + (1024 / 16100) ** 0.5)
+    assert p.w_max == w_max and not p.ramping
+    # Alone on the engine (a share of 1) a first ramp's cut is not forgotten either: the jump's path holds a
+    # step the engine is still admitting (``_admitting``), and the sample alone is dropped.
+    q = Adaptive()
+    q.next_target(300, shared(300, 256, 44, 0.0))
+    assert q.next_target(257, shared(257, 300, 0, 12.0)) == 258
+    assert q.w_max == pytest.approx(300 * 256 / 300) and q.capacity(12.0) is None

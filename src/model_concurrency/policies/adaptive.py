@@ -175,6 +175,7 @@ class Adaptive:
     idle: IdleClock = field(default_factory=IdleClock, init=False)
     jump_to: float | None = field(default=None, init=False)
     held: bool = field(default=False, init=False)
+    ramp_sample: bool = field(default=False, init=False)
     alone: bool = field(default=True, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
@@ -420,7 +421,7 @@ class Adaptive:
             self.one_step = one_step
         if obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
-        first_poll = self.last_time is None
+        ramp_sample, self.ramp_sample = self.ramp_sample, False
         rate = self._rate(obs)
         factor = self._rescale(obs)
         if factor is not None:
@@ -437,6 +438,14 @@ class Adaptive:
             # engine-full rule must not cut where the engine used to stop.
             self.samples.clear()
             capacity = None
+            if ramp_sample:
+                # The sample was the cut that ended our first ramp, on the previous poll, on a shared engine: a
+                # read taken while the engine was still admitting a burst, and the served share read with it is
+                # as wrong. 1,000 clients starting together put 4,000 prompts on the fleet at once; a client
+                # polling while the fleet admitted them recorded 1,875 running of 16,384 and a share of 3 under its
+                # floor of 4, and then climbed from the floor at the fleet's quarter step while the others doubled
+                # (fleet-1000 at 0.25 scale: 60 such clients, docs/scale-out.md, fleet fairness). The ramp goes on.
+                self.w_max, self.probes = None, 0
             if self.pipelining and self.w_max is not None and self.w_max > target:
                 # W_max too was where the old limit stopped us: probe up from here, or the additive step's one
                 # request a poll would climb to it first (live: 40 polls at ~100 on an engine raised to 256).
@@ -450,15 +459,8 @@ class Adaptive:
                 # the jittered schedules (``ramp``: p99 queue 0.1 -> 2.0 s; docs/scale-out.md, jitter).
                 self.jump_to = target
                 return target
-            if first_poll and self.ramping:
-                # Our first poll, before we added anything: the queue is the engine's start, not our overshoot.
-                # 1,000 clients starting together put 4,000 prompts on the fleet at once, which it admits over
-                # several steps; a client polling then recorded a served share under its floor and a capacity of
-                # 1,875 running on a 16,384-sequence fleet, and climbed from the floor at the fleet's quarter step
-                # instead of doubling with the others (fleet Jain 0.871 -> 0.905 at 0.25 scale, docs/scale-out.md).
-                # Nothing is learnt; a queue that is still there next poll cuts as usual.
-                return target
             served = pipelined_share(obs, self._batch(obs, capacity)) if self.pipelining else sustainable(obs)
+            ramping = self.ramping
             if why == "engine":
                 # Only the engine's own word is a capacity sample. A cut inferred from an earlier sample must not
                 # re-record it: one sample taken while the engine was still admitting a burst would then keep
@@ -468,6 +470,7 @@ class Adaptive:
             if served is None:  # none of the queue is ours
                 return target
             self.w_max, self.w_max_time = served, obs.time
+            self.ramp_sample = ramping and why == "engine" and not self.alone
             return min(target, self.decrease_factor * served)
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
