@@ -10,8 +10,13 @@ which costs several times the run itself. Prints the summary plus ``goodput_vs_p
 ``jitter``: the multi-client scenarios at full size, several seeds, poll jitter 0 and 0.1; Jain per run and the
 median.
 
+``split``: where the unfairness is made. Jain over each quarter of the run, the per-client target's percentiles at
+a few instants, and the clients grouped by their target at 60 s (after the first ramp) with the Jain the run would
+have had if that group had earned the median. ``--no-guard`` turns the client-side growth guard off.
+
     .venv/bin/python scripts/fleet_figures.py converge --scale 1
     .venv/bin/python scripts/fleet_figures.py jitter multi-client --seeds 5
+    .venv/bin/python scripts/fleet_figures.py split --scale 0.25
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import resource
 import statistics
 import time
@@ -28,7 +34,7 @@ import numpy as np
 from model_concurrency.lab.oracle import Oracle
 from model_concurrency.lab.run import run_scenario, simulate
 from model_concurrency.lab.scenario import load_scenario
-from model_concurrency.lab.summary import summarize, time_to_fraction
+from model_concurrency.lab.summary import jain_index, summarize, time_to_fraction
 from model_concurrency.lab.world import phases
 from model_concurrency.policies.registry import load_policy
 
@@ -83,6 +89,35 @@ def jitter(args: argparse.Namespace) -> None:
         print(f"{base.name} jitter {value}: median jain {statistics.median(jains):.3f}, min {min(jains):.3f}")
 
 
+def split(args: argparse.Namespace) -> None:
+    scenario = load_scenario(args.scenario).scaled(args.scale)
+    if args.no_guard:
+        scenario = dataclasses.replace(scenario, clients=dataclasses.replace(scenario.clients, guard=False))
+    trace = simulate(scenario, policy_factory=lambda: load_policy(args.policy))
+    s = summarize(trace)
+    print(f"goodput {s['goodput']:.1f} items/s, jain {s['jain_fairness']:.3f}, saturated {s['saturated_fraction']:.3f}")
+    t, end = trace.time, trace.duration_s
+    done = np.array([c.completions for c in trace.clients])
+    target = np.array([c.target for c in trace.clients])
+
+    def at(second: float) -> int:
+        return min(int(np.searchsorted(t, second)), len(t) - 1)
+
+    quarters = [jain_index(done[:, at((k + 1) * end / 4)] - done[:, at(k * end / 4)]) for k in range(4)]
+    print("jain by quarter:", " ".join(f"{j:.3f}" for j in quarters))
+    for second in sorted({min(x, end) for x in (12, 24, 36, 60, end / 4, end / 2, end)}):
+        p = np.percentile(target[:, at(second)], [5, 25, 50, 75, 95])
+        print(f"t {t[at(second)]:6.0f} s: target p5/p25/p50/p75/p95 " + "/".join(f"{v:.0f}" for v in p))
+    goodput = done[:, -1] / end
+    after_ramp = target[:, at(60)]
+    for low, high in ((0, 8), (8, 20), (20, math.inf)):
+        group = (after_ramp >= low) & (after_ramp < high)
+        if group.any():
+            lifted = np.where(group, np.median(goodput), goodput)
+            print(f"target at 60 s in [{low}, {high}): {group.sum()} clients, goodput {goodput[group].mean():.2f} "
+                  f"items/s; at the median, jain would be {jain_index(lifted):.3f}")  # fmt: skip
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,5 +129,10 @@ if __name__ == "__main__":
     j.add_argument("scenario")
     j.add_argument("--seeds", type=int, default=5)
     j.add_argument("--policy", default="adaptive")
+    t = sub.add_parser("split")
+    t.add_argument("scenario", nargs="?", default="fleet-1000")
+    t.add_argument("--scale", type=float, default=1.0)
+    t.add_argument("--policy", default="adaptive")
+    t.add_argument("--no-guard", action="store_true")
     args = parser.parse_args()
-    converge(args) if args.command == "converge" else jitter(args)
+    {"converge": converge, "jitter": jitter, "split": split}[args.command](args)
