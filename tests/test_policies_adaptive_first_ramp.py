@@ -304,19 +304,24 @@ def test_a_shared_first_ramp_cut_read_mid_admission_is_forgotten_and_the_ramp_go
     assert p.next_target(8, shared(8, 14740, 0, 22.9)) == 16
 
 
-def test_only_the_poll_right_after_a_shared_first_ramp_cut_can_forget_it() -> None:
-    # Two saturated polls: the second cut is no first ramp's end, and running past its sample later (a capacity
-    # that grew) keeps W_max: the step climbs from it instead of doubling.
+def test_a_shared_first_ramp_cut_is_kept_when_the_engine_runs_less_than_twice_its_sample() -> None:
+    # The ramp met the fleet's limit at 16,000 running; the next poll finds 16,100 (a fleet's running wanders a
+    # little): a sample, not an admission burst. W_max stays and the step climbs from it, no second ramp.
     p = Adaptive()
     p.next_target(32, shared(32, 16000, 300, 0.0))
-    p.next_target(32, shared(32, 16000, 300, 12.0))
     w_max = p.w_max
     assert w_max == pytest.approx(32 * 16000 / 16300)
-    assert p.next_target(29, shared(29, 16100, 0, 24.0)) == pytest.approx(29 + (1024 / 16100) ** 0.5)
-    assert p.w_max == w_max and not p.ramping
+    assert p.next_target(29, shared(29, 16100, 0, 12.0)) == pytest.approx(29 + (1024 / 16100) ** 0.5)
+    assert p.w_max == w_max and p.capacity(12.0) is None and not p.ramping
+    # A cut that was not the first ramp's end is kept even past twice its sample (a capacity that grew).
+    q = Adaptive()
+    q.next_target(32, shared(32, 1000, 300, 0.0))
+    q.next_target(32, shared(32, 1000, 300, 12.0))
+    q.next_target(29, shared(29, 2500, 0, 24.0))
+    assert q.w_max == pytest.approx(32 * 1000 / 1300) and not q.ramping
     # Alone on the engine (a share of 1) a first ramp's cut is not forgotten either: the jump's path holds a
     # step the engine is still admitting (``_admitting``), and the sample alone is dropped.
-    q = Adaptive()
-    q.next_target(300, shared(300, 256, 44, 0.0))
-    assert q.next_target(257, shared(257, 300, 0, 12.0)) == 258
-    assert q.w_max == pytest.approx(300 * 256 / 300) and q.capacity(12.0) is None
+    r = Adaptive()
+    r.next_target(300, shared(300, 256, 44, 0.0))
+    assert r.next_target(257, shared(257, 600, 0, 12.0)) == 258
+    assert r.w_max == pytest.approx(256) and r.capacity(12.0) is None

@@ -437,15 +437,17 @@ class Adaptive:
             # raised max_num_seqs), or a sample caught it mid-admission. Either way the samples are stale, and the
             # engine-full rule must not cut where the engine used to stop.
             self.samples.clear()
-            capacity = None
-            if ramp_sample:
-                # The sample was the cut that ended our first ramp, on the previous poll, on a shared engine: a
-                # read taken while the engine was still admitting a burst, and the served share read with it is
-                # as wrong. 1,000 clients starting together put 4,000 prompts on the fleet at once; a client
-                # polling while the fleet admitted them recorded 1,875 running of 16,384 and a share of 3 under its
-                # floor of 4, and then climbed from the floor at the fleet's quarter step while the others doubled
-                # (fleet-1000 at 0.25 scale: 60 such clients, docs/scale-out.md, fleet fairness). The ramp goes on.
+            if ramp_sample and obs.running > 2 * capacity:
+                # The sample was the cut that ended our first ramp, on the previous poll, on a shared engine, and
+                # the engine now runs twice that without it: a read taken while the engine was still admitting a
+                # burst, and the served share read with it is as wrong. 1,000 clients starting together put 4,000
+                # prompts on the fleet at once; a client polling while the fleet admitted them recorded 1,875
+                # running of 16,384 and a share of 3 under its floor of 4, and then climbed from the floor at the
+                # fleet's quarter step while the others doubled (docs/scale-out.md, "Where the fleet's unfairness
+                # was made"). The ramp goes on. Twice, not any rise: a fleet's running wanders by a few sequences
+                # a poll, and a ramp restarted on that doubled into the fleet again (saturated 9.7 -> 12.5 %).
                 self.w_max, self.probes = None, 0
+            capacity = None
             if self.pipelining and self.w_max is not None and self.w_max > target:
                 # W_max too was where the old limit stopped us: probe up from here, or the additive step's one
                 # request a poll would climb to it first (live: 40 polls at ~100 on an engine raised to 256).
