@@ -48,20 +48,21 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap is None
 
 
-def test_guard_lets_through_growth_the_engine_took_in() -> None:
-    # The same intervals, but the engine's running rose by 8 (our growth: 8): the latency is the engine's own
-    # (bigger batches, a fleet filling up), which the policy reads from the engine; no cap.
+def test_guard_lets_through_growth_that_was_a_small_part_of_the_engines() -> None:
+    # The same intervals, but the engine's running rose by 80, ten times our growth of 8 (a fleet filling up):
+    # the latency rise is the engine's, which the policy reads from its gauges; no cap.
     guard = GrowthGuard()
     guard.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
     guard.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
-    assert guard.bound(16, 32, interval(20, 16, 101, 0.16, running=1008)) == 32
+    assert guard.bound(16, 32, interval(20, 16, 101, 0.16, running=1080)) == 32
     assert guard.cap is None and guard.fired == 0
-    # Running rose by 3, under half of our 8: the growth queued in front of the engine, cap at the knee.
-    flat = GrowthGuard()
-    flat.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
-    flat.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
-    assert flat.bound(16, 32, interval(20, 16, 101, 0.16, running=1003)) == 8
-    assert flat.cap == 8 and flat.fired == 1
+    # Running rose by 79 (or by just our 8, the engine taking in our own growth): cap at the knee as before.
+    for rise in (79, 8):
+        capped = GrowthGuard()
+        capped.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
+        capped.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
+        assert capped.bound(16, 32, interval(20, 16, 101, 0.16, running=1000 + rise)) == 8
+        assert capped.cap == 8 and capped.fired == 1
 
 
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
