@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import (
+    CompletionShare,
     IdleClock,
     app_limited,
     fleet_step,
@@ -176,6 +177,7 @@ class Adaptive:
     jump_to: float | None = field(default=None, init=False)
     held: bool = field(default=False, init=False)
     alone: bool = field(default=True, init=False)
+    completions: CompletionShare = field(default_factory=CompletionShare, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -233,7 +235,7 @@ class Adaptive:
     def goal(self, obs: Observation) -> float | None:
         """Where the engine last ran out for us: ``W_max``, or our share of the engine's capacity if larger."""
         capacity = self.capacity(obs.time)
-        share = own_share(obs) * self._batches() * capacity if capacity is not None else None
+        share = self._share(obs) * self._batches() * capacity if capacity is not None else None
         known = [v for v in (self.w_max, share) if v is not None and v > 0]
         return max(known) if known else None
 
@@ -280,6 +282,14 @@ class Adaptive:
         clients), so there the decoder's rules apply. "Alone" is read from the in-flight share, which on a fast
         one-step engine reads about 1 beside a peer (calls on the wire): docs/results.md, "Scale-out"."""
         return self.one_step_pipeline and self.one_step and self.alone
+
+    def _share(self, obs: Observation) -> float:
+        """Our share of the engine: of its completions on a one-step engine (``CompletionShare``: there the
+        in-flight share reads about 1 beside a peer), else of its load (``own_share``)."""
+        completed = self.completions.share
+        if self.one_step and completed is not None:
+            return completed
+        return own_share(obs)
 
     def _batches(self) -> float:
         """Batches the engine holds at its knee: 2 on a one-step engine (one running, one queued), else 1."""
@@ -418,7 +428,10 @@ class Adaptive:
         one_step = one_step_engine(obs)
         if one_step is not None:
             self.one_step = one_step
-        if obs.inflight > 0:
+        completed = self.completions.update(obs, self._batch(obs, self.capacity(obs.time)))
+        if self.one_step and completed is not None:
+            self.alone = completed >= self.jump_share
+        elif obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
         rate = self._rate(obs)
         factor = self._rescale(obs)
@@ -497,7 +510,7 @@ class Adaptive:
         step = min(increase * growth**self.probes, target)
         capacity = self.capacity(obs.time)
         if self.probe_headroom and capacity is not None and obs.running <= capacity:
-            room = max(increase, own_share(obs) * (self._batches() * capacity - obs.running - obs.waiting))
+            room = max(increase, self._share(obs) * (self._batches() * capacity - obs.running - obs.waiting))
             if room < step:
                 return target + room  # the engine is full: a probe would only displace other clients
         self.probes += 1
