@@ -32,8 +32,10 @@ def poll(
     *,
     generated: float | None = 0.0,
     completed: float | None = 50.0,
+    calls: int | None = None,
     time: float = 0.0,
 ) -> Observation:
+    """One poll of a client alone on the engine unless ``calls`` says otherwise: every completion was ours."""
     return Observation(
         running=running,
         waiting=waiting,
@@ -41,6 +43,7 @@ def poll(
         inflight=inflight,
         generation_tokens=generated,
         completed=completed,
+        client_calls=int(completed or 0) if calls is None else calls,
         time=time,
     )
 
@@ -237,7 +240,7 @@ def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> Non
         policy.next_target(4.0, Observation(inflight=4, running=1, kv_num_blocks=10_000, time=0.0))
         ramp = Observation(
             running=31, inflight=32, inflight_peak=32, kv_cache_usage=0.0031, kv_num_blocks=10_000,
-            generation_tokens=generated, completed=1.0, time=0.5,
+            generation_tokens=generated, completed=1.0, client_calls=1, time=0.5,
         )  # fmt: skip
         return policy.next_target(32.0, ramp), policy.wants_fast_polls
 
@@ -265,12 +268,31 @@ def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
 
 
 def test_a_shared_one_step_engine_gets_the_decoders_rules() -> None:
-    # 100 of the engine's 200 requests are ours: another client shares it. Each keeping its own second batch queued
-    # would queue a batch per client, so the answers are a decoder's, poll for poll.
-    polls = [(100, 64, 136), (40, 64, 40), (30, 64, 0), (35, 64, 0), (20, 40, 0)]  # our share at most half
+    # Half of the engine's load and half of its completions are ours: another client shares it. Each keeping its
+    # own second batch queued would queue a batch per client, so the answers are a decoder's, poll for poll.
+    polls = [(100, 64, 136), (40, 64, 16), (32, 64, 0), (35, 64, 6), (20, 40, 0)]  # in flight: half of R + W
     one_step, decoder = Adaptive(), Adaptive()
     for i, (inflight, running, waiting) in enumerate(polls):
         target = float(inflight)
-        answer = one_step.next_target(target, poll(inflight, running, waiting, generated=0.0, time=12.0 * i))
+        answer = one_step.next_target(target, poll(inflight, running, waiting, calls=25, time=12.0 * i))
         assert answer == decoder.next_target(target, poll(inflight, running, waiting, generated=500.0, time=12.0 * i))
     assert one_step.one_step and not one_step.pipelining
+
+
+def test_beside_a_peer_the_completions_say_shared_where_the_gauges_read_alone() -> None:
+    # scale_out's case: 100 of our calls in flight, the engine shows 64 running and 16 waiting (our in-flight share
+    # reads 1: a batch is on the wire), but we finished 32 of its 64 completions. Shared: the decoder's cut,
+    # 0.9 × 100 × 64 / 80 = 72, not the pipelined 0.9 × 100 × min(1, 128 / 144) = 80 of a client alone.
+    def cut(calls: int) -> tuple[float, bool]:
+        policy = Adaptive()
+        policy.next_target(100.0, poll(100, 64, 0, completed=64, calls=calls, time=0.0))  # learns: one step
+        return policy.next_target(100.0, poll(100, 64, 16, completed=64, calls=calls, time=1.0)), policy.alone
+
+    assert cut(calls=32) == (72.0, False)
+    assert cut(calls=64) == (80.0, True)
+    # The goal's share too. Saturated once (C = 64, W_max = 100 × 64 / 264), then 100 in flight, 64 running: the
+    # in-flight share reads 1 (a goal of the whole batch, 64), the completions say half of it: 32.
+    shared = Adaptive()
+    shared.next_target(100.0, poll(100, 64, 200, completed=64, calls=32, time=0.0))
+    assert shared.capacity(0.0) == 64 and shared.w_max == 100 * 64 / 264
+    assert shared.goal(poll(100, 64, completed=64, calls=32, time=1.0)) == 32.0

@@ -384,7 +384,7 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return min(target + self.increase_step, max(target, estimate.bound))
-        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.pipelining:
+        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.one_step:
             # Not on a one-step engine: a pooling model's sequence holds one block, so the KV bound (25,000 on a
             # bge-m3 of 64 sequences) says nothing about its sequence limit, and a jump lands 8x past it.
             jump = target + self.jump_fraction * (estimate.bound - target)
