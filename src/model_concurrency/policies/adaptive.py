@@ -281,7 +281,7 @@ class Adaptive:
         are alone on it. Clients sharing an engine would each keep their own second batch queued (N batches for N
         clients), so there the decoder's rules apply. "Alone" is read from the in-flight share, which on a fast
         one-step engine reads about 1 beside a peer (calls on the wire): docs/results.md, "Scale-out"."""
-        return self.one_step_pipeline and self.one_step and self.alone
+        return self.one_step_pipeline and self.one_step
 
     def _share(self, obs: Observation) -> float:
         """Our share of the engine: of its completions on a one-step engine (``CompletionShare``: there the
@@ -407,7 +407,7 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return target + self.increase_step
-        if self.engine_full_exit and load is not None and not (self.pipelining and self.alone):
+        if self.engine_full_exit and load is not None and not self.pipelining:
             grew = obs.inflight - load[0]
             if grew > 0 and obs.running - load[1] < 0.5 * grew:
                 before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
@@ -488,7 +488,7 @@ class Adaptive:
     def _increase(self, obs: Observation) -> float:
         """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``
         that we share (alone on it, share ``>= jump_share``, nobody steps with us)."""
-        if own_share(obs) >= self.jump_share:
+        if self._share(obs) >= self.jump_share:
             return self.increase_step
         return fleet_step(self.increase_step, obs, self.full_step_running, self.step_exponent)
 
@@ -506,7 +506,7 @@ class Adaptive:
         if target + increase <= goal:
             self.probes = 0
             return target + increase
-        growth = self.probe_growth if self.accelerate_shared or own_share(obs) >= self.jump_share else 1.0
+        growth = self.probe_growth if self.accelerate_shared or self._share(obs) >= self.jump_share else 1.0
         step = min(increase * growth**self.probes, target)
         capacity = self.capacity(obs.time)
         if self.probe_headroom and capacity is not None and obs.running <= capacity:
