@@ -178,6 +178,7 @@ class Adaptive:
     held: bool = field(default=False, init=False)
     alone: bool = field(default=True, init=False)
     completions: CompletionShare = field(default_factory=CompletionShare, init=False)
+    cut_to: float = field(default=0.0, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -290,6 +291,18 @@ class Adaptive:
         if self.one_step and completed is not None:
             return completed
         return own_share(obs)
+
+    def _one_step_knee(self, obs: Observation) -> float | None:
+        """Our share of a one-step engine's knee, two batches of ``C``, once ``C`` is known; else None.
+
+        There the knee is no guess: ``C`` is the engine's ``max_num_seqs`` (``running`` on a saturated poll), and
+        throughput is flat from about one batch and a half up to two. A probe past our share of it only queues,
+        and every client beside us probes too. A raised limit shows as ``running`` above ``C``, which clears the
+        samples, and the probes resume."""
+        capacity = self.capacity(obs.time)
+        if not self.pipelining or capacity is None:
+            return None
+        return self._share(obs) * 2.0 * capacity
 
     def _batches(self) -> float:
         """Batches the engine holds at its knee: 2 on a one-step engine (one running, one queued), else 1."""
@@ -472,7 +485,8 @@ class Adaptive:
             if served is None:  # none of the queue is ours
                 return target
             self.w_max, self.w_max_time = served, obs.time
-            return min(target, self.decrease_factor * served)
+            self.cut_to = min(target, self.decrease_factor * served)
+            return self.cut_to
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
@@ -496,6 +510,18 @@ class Adaptive:
         goal = self.goal(obs)
         if goal is None:
             return self._first_ramp(target, obs, rate)
+        knee = self._one_step_knee(obs)
+        if knee is not None and target >= self.cut_to:
+            # A one-step engine whose knee is known: no probe past our share of it (it only queues), and at it a
+            # cut as on saturation, before a queue shows. Every client beside us reads the same total there (its
+            # in-flight over its share), so the cuts come together and stay proportional, and the equal steps
+            # converge the shares (Chiu & Jain). Not the restore to 0.9 x goal either, while we stand where our
+            # own cut left us: a queue that showed below the knee was the engine's word, the knee only an estimate.
+            self.probes = 0
+            if target >= knee:
+                self.cut_to = self.decrease_factor * target
+                return self.cut_to
+            return min(target + self._increase(obs), knee)
         if target < self.slow_start_below * goal:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
