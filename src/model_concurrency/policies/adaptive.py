@@ -179,6 +179,7 @@ class Adaptive:
     alone: bool = field(default=True, init=False)
     completions: CompletionShare = field(default_factory=CompletionShare, init=False)
     cut_to: float = field(default=0.0, init=False)
+    knee_restore: float = 0.75
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -511,12 +512,13 @@ class Adaptive:
         if goal is None:
             return self._first_ramp(target, obs, rate)
         knee = self._one_step_knee(obs)
-        if knee is not None and target >= self.cut_to:
+        if knee is not None and target >= max(self.cut_to, self.knee_restore * knee):
             # A one-step engine whose knee is known: no probe past our share of it (it only queues), and at it a
             # cut as on saturation, before a queue shows. Every client beside us reads the same total there (its
             # in-flight over its share), so the cuts come together and stay proportional, and the equal steps
-            # converge the shares (Chiu & Jain). Not the restore to 0.9 x goal either, while we stand where our
-            # own cut left us: a queue that showed below the knee was the engine's word, the knee only an estimate.
+            # converge the shares (Chiu & Jain). The restore to 0.9 x goal only from far below (a cut on a queue
+            # that showed under the knee is the engine's word, the knee only an estimate), or when something
+            # other than our own cut put us there (the fail-safe's floor).
             self.probes = 0
             if target >= knee:
                 self.cut_to = self.decrease_factor * target
@@ -532,7 +534,9 @@ class Adaptive:
         if target + increase <= goal:
             self.probes = 0
             return target + increase
-        growth = self.probe_growth if self.accelerate_shared or self._share(obs) >= self.jump_share else 1.0
+        # On a one-step engine a probe runs only while the knee is unknown: after a raised limit, for everyone.
+        accelerate = self.accelerate_shared or self.pipelining or self._share(obs) >= self.jump_share
+        growth = self.probe_growth if accelerate else 1.0
         step = min(increase * growth**self.probes, target)
         capacity = self.capacity(obs.time)
         if self.probe_headroom and capacity is not None and obs.running <= capacity:
