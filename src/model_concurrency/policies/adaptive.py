@@ -294,16 +294,18 @@ class Adaptive:
         return own_share(obs)
 
     def _one_step_knee(self, obs: Observation) -> float | None:
-        """Our share of a one-step engine's knee, two batches of ``C``, once ``C`` is known; else None.
+        """Beside a peer, our share of a one-step engine's knee, two batches of ``C``, once ``C`` is known; else None.
 
-        There the knee is no guess: ``C`` is the engine's ``max_num_seqs`` (``running`` on a saturated poll), and
-        throughput is flat from about one batch and a half up to two. A probe past our share of it only queues,
-        and every client beside us probes too. A raised limit shows as ``running`` above ``C``, which clears the
-        samples, and the probes resume."""
+        ``C`` is the engine's ``max_num_seqs`` (``running`` on a saturated poll), and throughput is flat from
+        about one batch and a half up to two. A probe past our share only queues, and every client beside us
+        probes too. A raised limit shows as ``running`` above ``C``, which clears the samples, and the probes
+        resume. Alone (share ``>= jump_share``) the probes stay: a client alone is what finds a raised limit
+        fastest, and the single-client figures (``embed-batch``, ``live_peers.py``) are kept as they were."""
         capacity = self.capacity(obs.time)
-        if not self.pipelining or capacity is None:
+        share = self._share(obs)
+        if not self.pipelining or capacity is None or share >= self.jump_share:
             return None
-        return self._share(obs) * 2.0 * capacity
+        return share * 2.0 * capacity
 
     def _batches(self) -> float:
         """Batches the engine holds at its knee: 2 on a one-step engine (one running, one queued), else 1."""
