@@ -72,6 +72,11 @@ from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["Adaptive", "KvEstimate"]
 
+# Beside a peer on a one-step engine, the restore to 0.9 x goal runs only under this fraction of our share of the
+# knee (``Adaptive._one_step_knee``): the cut that follows a queue lands at 0.9 x the served share, and a restore
+# from there went straight back to the queue every other poll (``embed-shared``: 27 % saturated).
+KNEE_RESTORE = 0.75
+
 
 @dataclass(frozen=True, slots=True)
 class KvEstimate:
@@ -179,7 +184,6 @@ class Adaptive:
     alone: bool = field(default=True, init=False)
     completions: CompletionShare = field(default_factory=CompletionShare, init=False)
     cut_to: float = field(default=0.0, init=False)
-    knee_restore: float = 0.75
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -279,10 +283,13 @@ class Adaptive:
 
     @property
     def pipelining(self) -> bool:
-        """The engine completes requests in one step (learnt from its counters), the one-step rules are on, and we
-        are alone on it. Clients sharing an engine would each keep their own second batch queued (N batches for N
-        clients), so there the decoder's rules apply. "Alone" is read from the in-flight share, which on a fast
-        one-step engine reads about 1 beside a peer (calls on the wire): docs/results.md, "Scale-out"."""
+        """The engine completes requests in one step (learnt from its counters) and the one-step rules are on.
+
+        Alone or beside a peer: the goal and the probes' headroom are our share of two batches, and the share is
+        read from the engine's completions (``_share``), so N clients' goals add up to the engine's two batches.
+        Read from the in-flight share, as until session 7, it was about 1 beside a peer (a batch on the wire),
+        each client kept its own second batch queued, and ``scale_out.py`` was saturated 56 % of the time; with
+        the decoder's rules there instead (no pipelining beside a peer) the run was 1.2x the best static."""
         return self.one_step_pipeline and self.one_step
 
     def _share(self, obs: Observation) -> float:
@@ -514,7 +521,7 @@ class Adaptive:
         if goal is None:
             return self._first_ramp(target, obs, rate)
         knee = self._one_step_knee(obs)
-        if knee is not None and target >= max(self.cut_to, self.knee_restore * knee):
+        if knee is not None and target >= max(self.cut_to, KNEE_RESTORE * knee):
             # A one-step engine whose knee is known: no probe past our share of it (it only queues), and at it a
             # cut as on saturation, before a queue shows. Every client beside us reads the same total there (its
             # in-flight over its share), so the cuts come together and stay proportional, and the equal steps
