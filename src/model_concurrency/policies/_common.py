@@ -83,15 +83,15 @@ class CompletionShare:
     many on its own, as 12 s polls do)."""
 
     batches: float = 4.0
-    window: deque[tuple[int, float]] = field(default_factory=deque)
+    # At most this many polls (an idle engine completes nothing, and the window must not grow without end).
+    window: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
 
     def update(self, obs: Observation, batch: float) -> float | None:
         """Add this poll's counts (``batch``: one engine step's requests) and return the share, or None."""
         if obs.ok and obs.completed is not None:
             self.window.append((obs.client_calls, obs.completed))
-            done = sum(c for _, c in self.window)
-            while len(self.window) > 1 and done - self.window[0][1] >= self.batches * batch:
-                done -= self.window.popleft()[1]
+            while len(self.window) > 1 and sum(c for _, c in list(self.window)[1:]) >= self.batches * batch:
+                self.window.popleft()
         return self.share
 
     @property
