@@ -247,7 +247,7 @@ class Adaptive:
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_past(obs, self.idle_s):
-            self.w_max, self.probes, self.held = None, 0, False
+            self.w_max, self.probes, self.held, self.cut_to = None, 0, False, 0.0
             self.samples.clear()
 
     def _rescale(self, obs: Observation) -> float | None:
@@ -543,7 +543,8 @@ class Adaptive:
         if target + increase <= goal:
             self.probes = 0
             return target + increase
-        # On a one-step engine a probe runs only while the knee is unknown: after a raised limit, for everyone.
+        # Beside a peer on a one-step engine a probe runs only while the knee is unknown (a raised limit cleared
+        # it): the raise is room for every client, and +1 a poll would take most of a short run to find it.
         accelerate = self.accelerate_shared or self.pipelining or self._share(obs) >= self.jump_share
         growth = self.probe_growth if accelerate else 1.0
         step = min(increase * growth**self.probes, target)
