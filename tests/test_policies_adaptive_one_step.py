@@ -18,7 +18,7 @@ from model_concurrency import Observation
 from model_concurrency.engine import Request, Server
 from model_concurrency.observation import EngineSnapshot, observe
 from model_concurrency.policies import Adaptive
-from model_concurrency.policies._common import one_step_engine, pipelined_share
+from model_concurrency.policies._common import CompletionShare, one_step_engine, pipelined_share
 from model_concurrency.signals.prometheus_api import PrometheusSource, _snapshot
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
@@ -32,8 +32,10 @@ def poll(
     *,
     generated: float | None = 0.0,
     completed: float | None = 50.0,
+    calls: int | None = None,
     time: float = 0.0,
 ) -> Observation:
+    """One poll of a client alone on the engine unless ``calls`` says otherwise: every completion was ours."""
     return Observation(
         running=running,
         waiting=waiting,
@@ -41,6 +43,7 @@ def poll(
         inflight=inflight,
         generation_tokens=generated,
         completed=completed,
+        client_calls=int(completed or 0) if calls is None else calls,
         time=time,
     )
 
@@ -228,6 +231,25 @@ def test_the_lab_holds_an_embedding_engine_above_its_sequence_limit() -> None:
     assert runs[True].clients[0].completions[-1] > runs[False].clients[0].completions[-1]
 
 
+def test_the_lab_splits_a_shared_embedding_engine_two_batches_between_its_clients() -> None:
+    """``embed-shared`` (two clients, an engine of 32 sequences, polls about a step apart), 6 simulated seconds.
+
+    Before, each client read an in-flight share of 1 (a batch on the wire) and one of them aimed at both batches
+    (targets to 61, the other 4-12; waiting on 39 % of the samples). Beside a peer each aims at its completion
+    share of the two batches."""
+    from model_concurrency.lab.run import simulate
+    from model_concurrency.lab.scenario import find_scenario, load_scenario
+
+    scenario = load_scenario(find_scenario("embed-shared")).scaled(0.2)
+    limit = scenario.fleet.engine["max_num_seqs"]
+    run = simulate(scenario, policy_factory=Adaptive)
+    settled = [c.poll_targets[c.poll_times >= 2.0] for c in run.clients]
+    assert all(len(t) > 0 and max(t) <= limit + 8 for t in settled)  # half of two batches, plus the share's noise
+    done = [c.completions[-1] for c in run.clients]
+    assert min(done) >= 0.75 * max(done)
+    assert (run.waiting_capacity[run.time >= 2.0] > 0).mean() < 0.2
+
+
 # -- session 6: the first ramp, a raised limit and the guard on one-step engines (live trace, docs/policies.md) --
 def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> None:
     # 32 in flight, 31 running, KV 0.11 % of 10,000 blocks: one block a sequence, a KV bound of ~9,200. A decoder
@@ -237,7 +259,7 @@ def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> Non
         policy.next_target(4.0, Observation(inflight=4, running=1, kv_num_blocks=10_000, time=0.0))
         ramp = Observation(
             running=31, inflight=32, inflight_peak=32, kv_cache_usage=0.0031, kv_num_blocks=10_000,
-            generation_tokens=generated, completed=1.0, time=0.5,
+            generation_tokens=generated, completed=1.0, client_calls=1, time=0.5,
         )  # fmt: skip
         return policy.next_target(32.0, ramp), policy.wants_fast_polls
 
@@ -264,13 +286,66 @@ def test_a_raised_limit_on_a_decoder_keeps_w_max() -> None:
     assert policy.w_max == 64.0
 
 
-def test_a_shared_one_step_engine_gets_the_decoders_rules() -> None:
-    # 100 of the engine's 200 requests are ours: another client shares it. Each keeping its own second batch queued
-    # would queue a batch per client, so the answers are a decoder's, poll for poll.
-    polls = [(100, 64, 136), (40, 64, 40), (30, 64, 0), (35, 64, 0), (20, 40, 0)]  # our share at most half
-    one_step, decoder = Adaptive(), Adaptive()
-    for i, (inflight, running, waiting) in enumerate(polls):
-        target = float(inflight)
-        answer = one_step.next_target(target, poll(inflight, running, waiting, generated=0.0, time=12.0 * i))
-        assert answer == decoder.next_target(target, poll(inflight, running, waiting, generated=500.0, time=12.0 * i))
-    assert one_step.one_step and not one_step.pipelining
+def test_beside_a_peer_the_completions_say_shared_where_the_gauges_read_alone() -> None:
+    # scale_out's case: 100 of our calls in flight, the engine shows 64 running and nothing queued (our in-flight
+    # share reads 1: a batch is on the wire), but we finished 32 of its 64 completions.
+    shared, alone = Adaptive(), Adaptive()
+    shared.next_target(100.0, poll(100, 64, 0, completed=64, calls=32, time=0.0))
+    alone.next_target(100.0, poll(100, 64, 0, completed=64, calls=64, time=0.0))
+    assert (shared.alone, shared.completions.share, shared.pipelining) == (False, 0.5, True)
+    assert (alone.alone, alone.completions.share, alone.pipelining) == (True, 1.0, True)
+
+
+def test_beside_a_peer_a_one_step_client_holds_its_share_of_two_batches() -> None:
+    # Half of the engine's completions are ours (32 of 64 a poll). Saturated once: C = 64, the cut to the pipelined
+    # share 0.9 × 100 × 128 / 264. Our share of the knee is then 1/2 × 2 × 64 = 64.
+    policy = Adaptive()
+    cut = policy.next_target(100.0, poll(100, 64, 136, completed=64, calls=32, time=0.0))
+    assert cut == policy.cut_to == 0.9 * (100 * 128 / 264)  # 43.6
+    assert policy.capacity(0.0) == 64 and policy.goal(poll(44, 40, completed=64, calls=32, time=1.0)) == 64.0
+    # 44 is under 3/4 of the knee (48): far below it, the restore to 0.9 × 64.
+    assert policy.next_target(44.0, poll(44, 40, completed=64, calls=32, time=1.0)) == 0.9 * 64
+    # Near it, +1 a poll; at it, a cut before any queue shows (no probe past it), then +1 from there.
+    assert policy.next_target(58.0, poll(58, 50, completed=64, calls=32, time=2.0)) == 59.0
+    assert policy.next_target(64.0, poll(64, 64, completed=64, calls=32, time=3.0)) == 0.9 * 64
+    assert policy.next_target(58.0, poll(58, 50, completed=64, calls=32, time=4.0)) == 59.0
+    # Alone (every completion ours) the same engine's knee is two whole batches, and 64 is far below it.
+    alone = Adaptive()
+    alone.next_target(100.0, poll(100, 64, 136, completed=64, time=0.0))
+    assert alone.goal(poll(64, 64, completed=64, time=1.0)) == 128.0
+    assert alone.next_target(64.0, poll(64, 64, completed=64, time=1.0)) == 0.9 * 128
+
+
+def test_the_fail_safes_floor_is_restored_from_beside_a_peer() -> None:
+    # Below where our own cut left us (the controller's floor after an outage), the restore runs at once.
+    policy = Adaptive()
+    policy.next_target(100.0, poll(100, 64, 136, completed=64, calls=32, time=0.0))
+    policy.next_target(64.0, poll(64, 64, completed=64, calls=32, time=1.0))  # cut at the knee: 57.6
+    assert policy.next_target(4.0, poll(4, 40, completed=64, calls=32, time=2.0)) == 0.9 * 64
+
+
+def test_the_completion_share_sums_over_a_few_batches() -> None:
+    share = CompletionShare(batches=4.0)
+    assert share.share is None
+    seen = [
+        share.update(Observation(completed=20.0, client_calls=10, inflight=1), batch=10.0),  # 10 / 20
+        share.update(Observation(completed=20.0, client_calls=20, inflight=1), batch=10.0),  # 30 / 40
+        share.update(Observation(completed=20.0, client_calls=20, inflight=1), batch=10.0),  # first poll out: 40 / 40
+        share.update(Observation(ok=False, inflight=1), batch=10.0),  # a failed poll changes nothing
+        share.update(Observation(completed=None, client_calls=5, inflight=1), batch=10.0),  # nor one without a counter
+        share.update(Observation(completed=40.0, client_calls=0, inflight=1), batch=10.0),  # one poll holds 4 batches
+        share.update(Observation(completed=40.0, client_calls=50, inflight=1), batch=10.0),  # answers late: capped
+    ]
+    assert seen == [0.5, 0.75, 1.0, 1.0, 1.0, 0.0, 1.0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.floats(0, 500)), max_size=30), st.floats(0, 200))
+@settings(max_examples=200, deadline=None)
+def test_the_completion_share_is_a_share(polls: list[tuple[int, float]], batch: float) -> None:
+    share = CompletionShare()
+    for calls, completed in polls:
+        value = share.update(Observation(completed=completed, client_calls=calls, inflight=1), batch=batch)
+        assert value is None or 0.0 <= value <= 1.0
+        # The window is the shortest run of recent polls holding ``batches`` batches (or all there are).
+        done = [c for _, c in share.window]
+        assert len(done) <= 1 or sum(done[1:]) < share.batches * batch

@@ -7,11 +7,21 @@ increase to everybody's total (flaw 1 of the original controller, docs/policies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 
-__all__ = ["IdleClock", "app_limited", "fleet_step", "one_step_engine", "own_share", "pipelined_share", "sustainable"]
+__all__ = [
+    "CompletionShare",
+    "IdleClock",
+    "app_limited",
+    "fleet_step",
+    "one_step_engine",
+    "own_share",
+    "pipelined_share",
+    "sustainable",
+]
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
@@ -57,6 +67,40 @@ def own_share(obs: Observation) -> float:
     if queued <= 0:
         return 1.0
     return min(1.0, obs.inflight / queued)
+
+
+@dataclass(slots=True)
+class CompletionShare:
+    """Our share of the engine's completions over the last ``batches`` engine batches: ``Σ client_calls / Σ completed``.
+
+    On a one-step (embedding) engine the in-flight share misleads: a request spends a step on the engine and
+    about as long on the wire (the answer going back, the next request coming in), where no gauge counts it, so
+    a client beside a peer holds more calls in flight than the engine shows in all and reads a share of 1
+    (``benchmarks/scale_out.py``: both clients on each engine did). Completions do not depend on where a call
+    is: every call the engine finished is one a client counts a moment later. One poll is noisy when polls are
+    about a step apart (0, 1 or 2 batches land in it, and ours may land in the next poll), so the share is
+    summed over the polls that hold at least ``batches`` batches of completions (one poll when it holds that
+    many on its own, as 12 s polls do)."""
+
+    batches: float = 4.0
+    # At most this many polls (an idle engine completes nothing, and the window must not grow without end).
+    window: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def update(self, obs: Observation, batch: float) -> float | None:
+        """Add this poll's counts (``batch``: one engine step's requests) and return the share, or None."""
+        if obs.ok and obs.completed is not None:
+            self.window.append((obs.client_calls, obs.completed))
+            while len(self.window) > 1 and sum(c for _, c in list(self.window)[1:]) >= self.batches * batch:
+                self.window.popleft()
+        return self.share
+
+    @property
+    def share(self) -> float | None:
+        """``Σ client_calls / Σ completed`` over the window, capped at 1; None before the engine finished any."""
+        done = sum(c for _, c in self.window)
+        if done <= 0:
+            return None
+        return min(1.0, sum(n for n, _ in self.window) / done)
 
 
 def sustainable(obs: Observation) -> float | None:

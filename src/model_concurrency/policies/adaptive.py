@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import (
+    CompletionShare,
     IdleClock,
     app_limited,
     fleet_step,
@@ -70,6 +71,11 @@ from model_concurrency.policies._common import (
 from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["Adaptive", "KvEstimate"]
+
+# Beside a peer on a one-step engine, the restore to 0.9 x goal runs only under this fraction of our share of the
+# knee (``Adaptive._one_step_knee``): the cut that follows a queue lands at 0.9 x the served share, and a restore
+# from there went straight back to the queue every other poll (``embed-shared``: 27 % saturated).
+KNEE_RESTORE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +183,8 @@ class Adaptive:
     held: bool = field(default=False, init=False)
     ramp_sample: bool = field(default=False, init=False)
     alone: bool = field(default=True, init=False)
+    completions: CompletionShare = field(default_factory=CompletionShare, init=False)
+    cut_to: float = field(default=0.0, init=False)
     last_time: float | None = field(default=None, init=False)
     startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
@@ -234,13 +242,13 @@ class Adaptive:
     def goal(self, obs: Observation) -> float | None:
         """Where the engine last ran out for us: ``W_max``, or our share of the engine's capacity if larger."""
         capacity = self.capacity(obs.time)
-        share = own_share(obs) * self._batches() * capacity if capacity is not None else None
+        share = self._share(obs) * self._batches() * capacity if capacity is not None else None
         known = [v for v in (self.w_max, share) if v is not None and v > 0]
         return max(known) if known else None
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_past(obs, self.idle_s):
-            self.w_max, self.probes, self.held = None, 0, False
+            self.w_max, self.probes, self.held, self.cut_to = None, 0, False, 0.0
             self.samples.clear()
 
     def _rescale(self, obs: Observation) -> float | None:
@@ -276,11 +284,36 @@ class Adaptive:
 
     @property
     def pipelining(self) -> bool:
-        """The engine completes requests in one step (learnt from its counters), the one-step rules are on, and we
-        are alone on it. Clients sharing an engine would each keep their own second batch queued (N batches for N
-        clients), so there the decoder's rules apply. "Alone" is read from the in-flight share, which on a fast
-        one-step engine reads about 1 beside a peer (calls on the wire): docs/results.md, "Scale-out"."""
-        return self.one_step_pipeline and self.one_step and self.alone
+        """The engine completes requests in one step (learnt from its counters) and the one-step rules are on.
+
+        Alone or beside a peer: the goal and the probes' headroom are our share of two batches, and the share is
+        read from the engine's completions (``_share``), so N clients' goals add up to the engine's two batches.
+        Read from the in-flight share, as until session 6, it was about 1 beside a peer (a batch on the wire),
+        each client kept its own second batch queued, and ``scale_out.py`` was saturated 56 % of the time; with
+        the decoder's rules there instead (no pipelining beside a peer) the run was 1.2x the best static."""
+        return self.one_step_pipeline and self.one_step
+
+    def _share(self, obs: Observation) -> float:
+        """Our share of the engine: of its completions on a one-step engine (``CompletionShare``: there the
+        in-flight share reads about 1 beside a peer), else of its load (``own_share``)."""
+        completed = self.completions.share
+        if self.one_step and completed is not None:
+            return completed
+        return own_share(obs)
+
+    def _one_step_knee(self, obs: Observation) -> float | None:
+        """Beside a peer, our share of a one-step engine's knee, two batches of ``C``, once ``C`` is known; else None.
+
+        ``C`` is the engine's ``max_num_seqs`` (``running`` on a saturated poll), and throughput is flat from
+        about one batch and a half up to two. A probe past our share only queues, and every client beside us
+        probes too. A raised limit shows as ``running`` above ``C``, which clears the samples, and the probes
+        resume. Alone (share ``>= jump_share``) the probes stay: a client alone is what finds a raised limit
+        fastest, and the single-client figures (``embed-batch``, ``live_peers.py``) are kept as they were."""
+        capacity = self.capacity(obs.time)
+        share = self._share(obs)
+        if not self.pipelining or capacity is None or share >= self.jump_share:
+            return None
+        return share * 2.0 * capacity
 
     def _batches(self) -> float:
         """Batches the engine holds at its knee: 2 on a one-step engine (one running, one queued), else 1."""
@@ -375,7 +408,7 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return min(target + self.increase_step, max(target, estimate.bound))
-        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.pipelining:
+        if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.one_step:
             # Not on a one-step engine: a pooling model's sequence holds one block, so the KV bound (25,000 on a
             # bge-m3 of 64 sequences) says nothing about its sequence limit, and a jump lands 8x past it.
             jump = target + self.jump_fraction * (estimate.bound - target)
@@ -398,7 +431,7 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return target + self.increase_step
-        if self.engine_full_exit and load is not None and not (self.pipelining and self.alone):
+        if self.engine_full_exit and load is not None and not self.pipelining:
             grew = obs.inflight - load[0]
             if grew > 0 and obs.running - load[1] < 0.5 * grew:
                 before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
@@ -419,7 +452,10 @@ class Adaptive:
         one_step = one_step_engine(obs)
         if one_step is not None:
             self.one_step = one_step
-        if obs.inflight > 0:
+        completed = self.completions.update(obs, self._batch(obs, self.capacity(obs.time)))
+        if self.one_step and completed is not None:
+            self.alone = completed >= self.jump_share
+        elif obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
         ramp_sample, self.ramp_sample = self.ramp_sample, False
         rate = self._rate(obs)
@@ -473,7 +509,8 @@ class Adaptive:
                 return target
             self.w_max, self.w_max_time = served, obs.time
             self.ramp_sample = ramping and why == "engine" and not self.alone
-            return min(target, self.decrease_factor * served)
+            self.cut_to = min(target, self.decrease_factor * served)
+            return self.cut_to
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
@@ -489,7 +526,7 @@ class Adaptive:
     def _increase(self, obs: Observation) -> float:
         """The steady-state step: ``increase_step``, less on an engine running more than ``full_step_running``
         that we share (alone on it, share ``>= jump_share``, nobody steps with us)."""
-        if own_share(obs) >= self.jump_share:
+        if self._share(obs) >= self.jump_share:
             return self.increase_step
         return fleet_step(self.increase_step, obs, self.full_step_running, self.step_exponent)
 
@@ -497,6 +534,19 @@ class Adaptive:
         goal = self.goal(obs)
         if goal is None:
             return self._first_ramp(target, obs, rate)
+        knee = self._one_step_knee(obs)
+        if knee is not None and target >= max(self.cut_to, KNEE_RESTORE * knee):
+            # A one-step engine whose knee is known: no probe past our share of it (it only queues), and at it a
+            # cut as on saturation, before a queue shows. Every client beside us reads the same total there (its
+            # in-flight over its share), so the cuts come together and stay proportional, and the equal steps
+            # converge the shares (Chiu & Jain). The restore to 0.9 x goal only from far below (a cut on a queue
+            # that showed under the knee is the engine's word, the knee only an estimate), or when something
+            # other than our own cut put us there (the fail-safe's floor).
+            self.probes = 0
+            if target >= knee:
+                self.cut_to = self.decrease_factor * target
+                return self.cut_to
+            return min(target + self._increase(obs), knee)
         if target < self.slow_start_below * goal:
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
@@ -507,11 +557,14 @@ class Adaptive:
         if target + increase <= goal:
             self.probes = 0
             return target + increase
-        growth = self.probe_growth if self.accelerate_shared or own_share(obs) >= self.jump_share else 1.0
+        # Beside a peer on a one-step engine a probe runs only while the knee is unknown (a raised limit cleared
+        # it): the raise is room for every client, and +1 a poll would take most of a short run to find it.
+        accelerate = self.accelerate_shared or self.pipelining or self._share(obs) >= self.jump_share
+        growth = self.probe_growth if accelerate else 1.0
         step = min(increase * growth**self.probes, target)
         capacity = self.capacity(obs.time)
         if self.probe_headroom and capacity is not None and obs.running <= capacity:
-            room = max(increase, own_share(obs) * (self._batches() * capacity - obs.running - obs.waiting))
+            room = max(increase, self._share(obs) * (self._batches() * capacity - obs.running - obs.waiting))
             if room < step:
                 return target + room  # the engine is full: a probe would only displace other clients
         self.probes += 1
