@@ -43,7 +43,7 @@ from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
 from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
 
-__all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir", "per_replica_sweeps"]
+__all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir", "per_replica_sweeps", "store_run"]
 
 KNEE_FRACTION = 0.99
 WARMUP_S = 60.0
@@ -261,6 +261,16 @@ class Oracle:
                 budgets.append((t, share))
         return per_client
 
+    def run_path(
+        self,
+        schedules: list[list[tuple[float, int]]] | None = None,
+        budgets: list[list[tuple[float, int | None]]] | None = None,
+    ) -> Path:
+        """Where the oracle's run is (or will be) stored; sweeps every phase not swept yet, to know its knees."""
+        schedules = self.schedules() if schedules is None else schedules
+        budgets = self.budgets() if budgets is None else budgets
+        return cache_dir() / "runs" / _run_key(self.scenario, schedules, budgets)
+
     def run(self, **kwargs: Any) -> Trace:
         """The oracle's run of the scenario: read from the disk cache when this exact run was simulated before.
 
@@ -271,7 +281,7 @@ class Oracle:
         from model_concurrency.lab.run import simulate
 
         schedules, budgets = self.schedules(), self.budgets()
-        path = cache_dir() / "runs" / _run_key(self.scenario, schedules, budgets)
+        path = self.run_path(schedules, budgets)
         try:
             return load_trace(path)
         except FileNotFoundError:
@@ -312,3 +322,10 @@ def _run_key(
         "budgets": budgets,
     }
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def store_run(scenario: Scenario) -> None:
+    """Simulate the oracle's run of ``scenario`` into the disk cache: the body of the worker process that runs it
+    beside the policy's run (:func:`model_concurrency.lab.run.run_scenario`). Nothing comes back through the pipe
+    (200 MB at fleet scale): the parent reads the stored copy, memory-mapped."""
+    Oracle(scenario).run()
