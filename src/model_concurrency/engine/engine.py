@@ -306,7 +306,8 @@ class Engine(Scheduler):
         them), so the fold points, and so the histograms' float sums, are the same however often it is read."""
         cached = self._signals
         if cached is None:
-            stats = self.stats  # folds deferred observations
+            stats = self._stats
+            stats.fold()  # the deferred observations (what the ``stats`` property does)
             blocks = self.num_gpu_blocks
             queue = stats.queue_time
             cached = self._signals = (
