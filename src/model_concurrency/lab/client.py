@@ -87,9 +87,8 @@ def request_stream(
         prompts = draw(prompt_tokens, prompt_sigma, 1024)
         outputs = draw(output_tokens, output_sigma, 1024)
         if long_fraction <= 0:
-            # ``tolist`` hands back the same ints at once: no numpy scalar and int() per request.
-            for p, o in zip(prompts.tolist(), outputs.tolist(), strict=True):
-                yield Request(p, o, embedding=embedding, tag=tag)
+            for p, o in zip(prompts, outputs, strict=True):
+                yield Request(int(p), int(o), embedding=embedding, tag=tag)
             continue
         starts = rng.random(1024) < long_fraction / long_burst
         longs = np.rint(long_prompt_tokens * (1 - 0.05 * rng.random(1024))).astype(np.int64)
