@@ -76,3 +76,16 @@ def test_serial_is_the_default_for_small_runs_and_can_be_forced(monkeypatch: pyt
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     monkeypatch.delenv("MODEL_CONCURRENCY_SERIAL")
     assert not _oracle_in_parallel(fleet, None)
+
+
+def test_a_worker_that_cannot_store_its_run_costs_only_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cold(tmp_path, monkeypatch, "serial")
+    serial = run_scenario(small(), lambda: load_policy("adaptive"), parallel=False)
+    cold(tmp_path, monkeypatch, "blocked")
+    (tmp_path / "blocked" / "oracle").mkdir(parents=True)
+    (tmp_path / "blocked" / "oracle" / "runs").write_text("not a directory")  # the worker's save fails
+    blocked = run_scenario(small(), lambda: load_policy("adaptive"), parallel=True)
+    assert blocked.oracle is not None and serial.oracle is not None
+    assert_same(blocked.oracle, serial.oracle)  # simulated again by the caller, same bits
+    assert blocked.summary == serial.summary
+    assert multiprocessing.active_children() == []

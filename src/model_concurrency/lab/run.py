@@ -197,7 +197,8 @@ def run_scenario(
     policy's run (``parallel``: None decides by the run's size, and ``MODEL_CONCURRENCY_SERIAL=1`` or False keeps
     one process). The two runs are independent and deterministic, so the results are the same bits either way; the
     worker stores its trace in the disk cache and this process reads it back memory-mapped. The worker never
-    outlives the call: it is terminated and reaped on the way out, whatever happens here.
+    outlives the call: it is terminated and reaped on the way out, whatever happens here. A worker that fails or
+    is killed costs only time: this process then simulates the oracle's run itself.
     """
     from model_concurrency.lab.oracle import Oracle, store_run
 
@@ -214,13 +215,21 @@ def run_scenario(
     # The sweeps first, here: both runs need them (the knees, a background sized from capacity), and they are
     # then on disk for the worker too.
     if _oracle_in_parallel(scenario, parallel) and not oracle.run_path().exists():
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pending = pool.apply_async(store_run, (scenario,))
+        worker = multiprocessing.get_context("spawn").Process(
+            target=store_run, args=(scenario,), name="oracle-run", daemon=True
+        )
+        worker.start()
+        try:
             trace = policy_run()
-            pending.get()  # the worker's exception, if any, is raised here
-            pool.close()
-            pool.join()
-        oracle_trace = oracle.run()  # the worker's stored copy (simulated here if the cache could not take it)
+            worker.join()
+        finally:
+            if worker.is_alive():  # the policy's run failed or was interrupted: the oracle's is not wanted
+                worker.terminate()
+                worker.join()
+            worker.close()
+        # The worker's stored copy. If it failed (its traceback is on stderr), was killed, or the cache could not take
+        # the trace, this simulates the oracle's run here: a bug then raises here too, with the caller's traceback.
+        oracle_trace = oracle.run()
     else:
         # The oracle first: its run goes to the disk cache and comes back memory-mapped, so a cold run does not hold
         # the policy's whole trace while it simulates the oracle's clients.
