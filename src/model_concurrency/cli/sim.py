@@ -23,6 +23,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", type=Path, help="write the summary (and scenario facts) as JSON")
     p.add_argument("--scale", type=float, default=1.0, help="shorten the run: multiply durations by this (0-1]")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle (faster; no ratios)")
+    p.add_argument(
+        "--serial",
+        action="store_true",
+        help="one process: a cold oracle run is simulated before the policy's, not beside it in a second process "
+        "(also MODEL_CONCURRENCY_SERIAL=1; the results are the same)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -46,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
             policy_name=args.policy,
             with_oracle=not args.no_oracle,
             progress=update,
+            parallel=False if args.serial else None,
         )
     rows = [{"key": k, "value": v} for k, v in result.summary.items()]
     print_table(rows, ["key", "value"], title=f"{scenario.name} — policy {args.policy}")

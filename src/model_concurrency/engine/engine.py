@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import Event, Timeout
 
 from model_concurrency.engine.bookkeeping import Signals
 from model_concurrency.engine.presets import EnginePreset
@@ -306,7 +306,8 @@ class Engine(Scheduler):
         them), so the fold points, and so the histograms' float sums, are the same however often it is read."""
         cached = self._signals
         if cached is None:
-            stats = self.stats  # folds deferred observations
+            stats = self._stats
+            stats.fold()  # the deferred observations (what the ``stats`` property does)
             blocks = self.num_gpu_blocks
             queue = stats.queue_time
             cached = self._signals = (
@@ -330,24 +331,42 @@ class Engine(Scheduler):
             wake.succeed()
 
     def _loop(self, epoch: int) -> Generator[Any, Any, None]:
+        """The step loop: schedule a step, wait for it (or for work), complete it, again.
+
+        A process only to start where a process's first step runs; then callbacks on the same events the loop
+        waited on (the step's timeout, the wake event), created at the same moments, so each keeps its place in
+        the queue, without a generator resumed per step (a fleet run takes millions of steps). ``epoch``: a loop
+        whose engine went down (and maybe came back, with a new loop) stops at its next event.
+        """
         env = self.env
         schedule = self._schedule
         complete = self._complete
         stale = self._stale
-        while True:
+
+        def run() -> None:
             dt = schedule()
             stale()  # the step that ended (complete) and the one scheduled changed what a snapshot reads
             if dt is None:
-                self._wake = env.event()
-                yield self._wake
-                if epoch != self._epoch:
-                    return  # downed (and maybe restarted) while idle: the wake slot belongs to the new process
-                self._wake = None
-                continue
+                wake = self._wake = Event(env)
+                wake.callbacks.append(woken)
+                return
             self._stepping = True
-            yield Timeout(env, dt)
+            Timeout(env, dt).callbacks.append(stepped)
+
+        def woken(_event: Event) -> None:
+            if epoch != self._epoch:
+                return  # downed (and maybe restarted) while idle: the wake slot belongs to the new loop
+            self._wake = None
+            run()
+
+        def stepped(_event: Event) -> None:
             self._stepping = False
             if epoch != self._epoch:
                 return
             stale()
             complete()
+            run()
+
+        run()
+        return
+        yield  # a generator, for env.process

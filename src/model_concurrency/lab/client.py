@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import simpy
+from simpy.events import Event, Timeout
 
 from model_concurrency import config
 from model_concurrency.controller import CallRecorder, ControllerCore
@@ -206,6 +207,8 @@ class SimClient:
         self.poll_times: list[float] = []
         self.poll_targets: list[float] = []
         self._dispatching = True
+        self._waiting: tuple[Request, int] | None = None  # the item waiting for its slot or for a hold to pass
+        self._submit_limited = getattr(target, "submit_limited", None)
         # The poll first, as production's fan-out polls when it starts, before its first item: a poll at t=0
         # sees nothing in flight yet (lab/conformance.py measures the difference the other order made).
         if schedule is not None:
@@ -234,17 +237,24 @@ class SimClient:
 
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
-        # Runs once per request of the whole run (millions at fleet scale): attributes read once, and the slot
-        # event is made only when the limiter queues the request.
+        """The dispatcher's start, as a process (its first step runs where a process's would); then callbacks."""
+        self._pump()
+        return
+        yield  # a generator, for env.process
+
+    # The dispatcher runs once per request of the whole run (millions at fleet scale). It was one SimPy process
+    # looping over ``yield slot``; it is now the same loop as callbacks on the same events (the slot event the
+    # limiter grants, the Retry-After hold's timeout), created at the same moments, so every event keeps its place
+    # in the queue and the run is the same bits, without a generator resumed per request.
+    def _pump(self, _event: object = None) -> None:
+        """Take items while the limiter grants slots now; leave a callback on what the next one waits for."""
         env = self.env
-        limiter, usage, hold, units_held = self.limiter, self.usage, self.hold, self._units
-        requests, retry = self.requests, self.retry
-        submit_limited = getattr(self.target, "submit_limited", None)
-        submit = self.target.submit_callback
-        finished = self._finished
-        while self.items is None or self.started < self.items or retry:
-            while hold.until > env.now:  # the Retry-After rule, as in gate/hold.py (remaining() > 0)
-                yield env.timeout(hold.remaining(env.now))
+        limiter, usage, hold, retry, requests = self.limiter, self.usage, self.hold, self.retry, self.requests
+        items = self.items
+        while items is None or self.started < items or retry:
+            if hold.until > env.now:  # the Retry-After rule, as in gate/hold.py (remaining() > 0)
+                Timeout(env, hold.remaining(env.now)).callbacks.append(self._pump)
+                return
             if retry:
                 request = retry.pop()
             else:
@@ -254,18 +264,49 @@ class SimClient:
             if limiter.try_acquire(units):
                 usage.note(limiter.inflight, env.now, limiter.units)
             else:
-                slot = env.event()
+                slot = Event(env)
+                slot.callbacks.append(self._granted)
+                self._waiting = (request, units)
                 limiter.acquire_or_enqueue(slot, units)  # queues it: the slot was just refused
-                yield slot
-            units_held[id(request)] = units
-            while hold.until > env.now:  # granted during a hold: start only after it
-                yield env.timeout(hold.remaining(env.now))
-            request.arrival_time = None
-            if submit_limited is not None:
-                submit_limited(request, finished, self._refused)
-            else:
-                submit(request, finished)
+                return
+            if not self._start(request, units):
+                return
         self._dispatching = False
+
+    def _granted(self, _event: object) -> None:
+        request, units = self._waiting  # type: ignore[misc]
+        self._waiting = None
+        if self._start(request, units):
+            self._pump()
+
+    def _start(self, request: Request, units: int) -> bool:
+        """Submit a request that holds its slot; False: a hold defers it (a callback submits it and goes on)."""
+        self._units[id(request)] = units
+        env = self.env
+        hold = self.hold
+        if hold.until > env.now:  # granted during a hold: start only after it
+            self._waiting = (request, units)
+            Timeout(env, hold.remaining(env.now)).callbacks.append(self._held)
+            return False
+        self._submit(request)
+        return True
+
+    def _held(self, _event: object) -> None:
+        request, _units = self._waiting  # type: ignore[misc]
+        if self.hold.until > self.env.now:  # held again meanwhile
+            Timeout(self.env, self.hold.remaining(self.env.now)).callbacks.append(self._held)
+            return
+        self._waiting = None
+        self._submit(request)
+        self._pump()
+
+    def _submit(self, request: Request) -> None:
+        request.arrival_time = None
+        submit_limited = self._submit_limited
+        if submit_limited is not None:
+            submit_limited(request, self._finished, self._refused)
+        else:
+            self.target.submit_callback(request, self._finished)
 
     def _finished(self, request: Request) -> None:
         now = self.env.now
@@ -291,7 +332,11 @@ class SimClient:
                     request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
                 )
             )
-        self._wake(self.limiter.release(self._units.pop(id(request))))
+        limiter = self.limiter
+        granted = limiter.release(self._units.pop(id(request)))
+        self.usage.note(limiter.inflight, now, limiter.units)  # _wake, written out
+        for event in granted:
+            event.succeed()
 
     def _refused(self, request: Request, retry_after_s: float) -> None:
         """A 429: throttled (not a success), hold admissions for the Retry-After, retry the item afterwards."""

@@ -12,6 +12,14 @@ over-fills the cache. Count-only, it lost half the goodput of a heavy-tailed mix
 (``heavy-tail``: 8.0 items/s, p99 queue 85 s, against 17.7 and 1.7 s for the weighted default); where the pool
 never binds, the budget changes nothing.
 
+A fleet of identical replicas behind a balancer is swept one replica at a time: the oracle sweeps one replica (its
+engines and its API server) under the replica's share of the background traffic and of the concurrency cap, and
+multiplies concurrencies and throughputs by the replica count (:func:`per_replica_sweeps` says when that holds).
+For ``fleet-1000`` (16 replicas × 4 engines) that is a sixteenth of the simulated requests; one engine × 64 was
+within 0.4 % of the whole fleet's peak and 1 % of its knee (docs/scale-out.md). A lost replica, added engines, a
+background change or a rate limit keep the full sweep of each phase. The stored sweep is what it says (one
+replica's, keyed like any one-replica scenario), so no cached entry changed meaning.
+
 Sweeps are deterministic (fixed seeds, common random numbers across concurrency levels), so their results are
 cached on disk, keyed by everything that can change them; a scaled-down scenario reuses its full-size sweep. The
 oracle's run is as deterministic, and at fleet scale as long to simulate as the policy's, so its whole trace is
@@ -35,7 +43,7 @@ from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
 from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
 
-__all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir"]
+__all__ = ["KNEE_FRACTION", "Oracle", "Sweep", "cache_dir", "per_replica_sweeps", "store_run"]
 
 KNEE_FRACTION = 0.99
 WARMUP_S = 60.0
@@ -185,15 +193,40 @@ def _sweep_cached(key: str, scenario: Scenario, cap: int) -> Sweep:
     return sweep
 
 
+def per_replica_sweeps(scenario: Scenario) -> bool:
+    """Whether the oracle may sweep one replica and scale by the replica count instead of sweeping the fleet.
+
+    Only for identical replicas that stay so: no event that changes the fleet or its capacity (a lost replica or
+    added engines keep the full sweep of each phase), and no rate limit (one limit for the whole fan-out is not a
+    share of it per replica). ``MODEL_CONCURRENCY_ORACLE_FULL_SWEEP=1`` sweeps the whole fleet regardless.
+    """
+    if os.environ.get("MODEL_CONCURRENCY_ORACLE_FULL_SWEEP", "").strip() not in ("", "0"):
+        return False
+    return (
+        scenario.fleet.replicas > 1
+        and not any(event.changes_capacity for event in scenario.events)
+        and not scenario.rate_limit.active
+    )
+
+
 class Oracle:
     """Knees per phase of one scenario, the background rates they imply, and the oracle's own run."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.cap = scenario.clients.ceiling * scenario.clients.count
+        self.per_replica = per_replica_sweeps(scenario)
 
     def sweep(self, phase: Phase, background_rps: float | None = None) -> Sweep:
         rps = self.resolved_background(phase) if background_rps is None else background_rps
+        replicas = len(phase.engines)
+        if self.per_replica and replicas > 1:
+            # One replica with its share of the background, its share of the cap; the fleet is R of them.
+            one = Phase(phase.engines[:1])
+            sc = _phase_scenario(self.scenario, one, rps / replicas)
+            cap = -(-self.cap // replicas)
+            swept = _sweep_cached(_key(sc, rps / replicas, cap), sc, cap)
+            return Sweep(tuple(c * replicas for c in swept.concurrency), tuple(t * replicas for t in swept.throughput))
         sc = _phase_scenario(self.scenario, phase, rps)
         return _sweep_cached(_key(sc, rps, self.cap), sc, self.cap)
 
@@ -228,6 +261,16 @@ class Oracle:
                 budgets.append((t, share))
         return per_client
 
+    def run_path(
+        self,
+        schedules: list[list[tuple[float, int]]] | None = None,
+        budgets: list[list[tuple[float, int | None]]] | None = None,
+    ) -> Path:
+        """Where the oracle's run is (or will be) stored; sweeps every phase not swept yet, to know its knees."""
+        schedules = self.schedules() if schedules is None else schedules
+        budgets = self.budgets() if budgets is None else budgets
+        return cache_dir() / "runs" / _run_key(self.scenario, schedules, budgets)
+
     def run(self, **kwargs: Any) -> Trace:
         """The oracle's run of the scenario: read from the disk cache when this exact run was simulated before.
 
@@ -238,7 +281,7 @@ class Oracle:
         from model_concurrency.lab.run import simulate
 
         schedules, budgets = self.schedules(), self.budgets()
-        path = cache_dir() / "runs" / _run_key(self.scenario, schedules, budgets)
+        path = self.run_path(schedules, budgets)
         try:
             return load_trace(path)
         except FileNotFoundError:
@@ -279,3 +322,10 @@ def _run_key(
         "budgets": budgets,
     }
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def store_run(scenario: Scenario) -> None:
+    """Simulate the oracle's run of ``scenario`` into the disk cache: the body of the worker process that runs it
+    beside the policy's run (:func:`model_concurrency.lab.run.run_scenario`). Nothing comes back through the pipe
+    (200 MB at fleet scale): the parent reads the stored copy, memory-mapped."""
+    Oracle(scenario).run()
