@@ -174,7 +174,6 @@ class Adaptive:
     one_step_queue: float = 0.0
     one_step_pipeline: bool = True
     one_step: bool = field(default=False, init=False)
-    kind_known: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
@@ -406,21 +405,22 @@ class Adaptive:
         return answer
 
     def _blind(self, obs: Observation) -> bool:
-        """Our last first-ramp growth cannot have shown on the engine yet: hold (an engine not known as a decoder).
+        """Our last first-ramp growth cannot have shown on the engine yet: hold. On a one-step engine, or one
+        that generated no token since the previous poll (whose kind is still unknown: nothing completed yet).
 
         A one-step engine's clients poll about once a request's round trip (12.5 ms in ``scale_out.py``), and
-        the controller's faster first-ramp polls come sooner still; an engine whose kind is unknown (nothing
-        completed yet) may be one. A doubling decided before the previous one came back doubles blind: on
-        ``embed-shared`` with 5 ms on the wire one client went 32 -> 64 -> 128 on three polls 2 ms apart, on an
-        engine of 32, while its peer held 8 (72 waiting, Jain 0.58 over the first second). So grow only once our
-        calls completed since the last growth and the mean round trip of those calls has passed since it. A
-        decoder's requests outlast the ramp's polls by design (seconds of decode), and its jump and doubling are
-        judged by the KV cache instead: unchanged there."""
+        the controller's faster first-ramp polls come sooner still. A doubling decided before the previous one
+        came back doubles blind: on ``embed-shared`` with 5 ms on the wire one client went 32 -> 64 -> 128 on
+        three polls 2 ms apart, on an engine of 32, while its peer held 8 (72 waiting, Jain 0.58 over the first
+        second). So grow only once our calls completed since the last growth and their mean round trip has
+        passed since it. A decoder's requests outlast the ramp's polls by design (seconds of decode), and its
+        jump and doubling are judged by the KV cache instead: unchanged there, as on a page without the token
+        counter (``one_step_pipeline`` False switches this off too)."""
         grown_at = self.ramp_grown_at
-        if grown_at is None or (self.kind_known and not self.one_step):
+        if grown_at is None or not self.one_step_pipeline or not (self.one_step or obs.generation_tokens == 0):
             return False
         latency = obs.client_latency_mean_s
-        return obs.client_calls <= 0 or latency is None or obs.time - grown_at < latency
+        return obs.client_calls <= 0 or (latency is not None and obs.time - grown_at < latency)
 
     def _ramp_step(self, target: float, obs: Observation, rate: float | None) -> float:
         grown = self._startup(target, obs, rate)
@@ -478,7 +478,7 @@ class Adaptive:
         self._track_idle(obs)
         one_step = one_step_engine(obs)
         if one_step is not None:
-            self.one_step, self.kind_known = one_step, True
+            self.one_step = one_step
         completed = self.completions.update(obs, self._batch(obs, self.capacity(obs.time)))
         if self.one_step and completed is not None:
             self.alone = completed >= self.jump_share
