@@ -410,7 +410,7 @@ class Adaptive:
 
         A one-step engine's clients poll about once a request's round trip (12.5 ms in ``scale_out.py``), and
         the controller's faster first-ramp polls come sooner still. A doubling decided before the previous one
-        came back doubles blind: on ``embed-shared`` with 5 ms on the wire one client went 32 -> 64 -> 128 on
+        came back doubles blind: on ``embed-shared-start`` (5 ms on the wire) one client went 32 -> 64 -> 128 on
         three polls 2 ms apart, on an engine of 32, while its peer held 8 (72 waiting, Jain 0.58 over the first
         second). So grow only once our calls completed since the last growth and their mean round trip has
         passed since it. A decoder's requests outlast the ramp's polls by design (seconds of decode), and its
