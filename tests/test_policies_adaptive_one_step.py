@@ -349,3 +349,34 @@ def test_the_completion_share_is_a_share(polls: list[tuple[int, float]], batch: 
         # The window is the shortest run of recent polls holding ``batches`` batches (or all there are).
         done = [c for _, c in share.window]
         assert len(done) <= 1 or sum(done[1:]) < share.batches * batch
+
+
+# -- session 7: the first ramp grows only once its last growth came back (docs/policies.md) -------------------
+def ramp_poll(target: float, time: float, *, calls: int, latency: float | None, generated: float = 0.0) -> Observation:
+    """A first-ramp poll without KV figures (the ramp doubles): the window full and running, nothing waiting."""
+    return Observation(
+        running=target, inflight=int(target), inflight_peak=int(target), generation_tokens=generated, completed=20.0,
+        client_calls=calls, client_latency_mean_s=latency, time=time,
+    )  # fmt: skip
+
+
+def test_a_one_step_ramp_holds_until_its_growth_came_back() -> None:
+    # Doubled 8 -> 16 at t = 0; our calls take 15 ms. A poll 2 ms later cannot have seen the doubling: hold. Nor
+    # can one without a completion of ours. One 20 ms after it doubles again.
+    policy = Adaptive()
+    assert policy.next_target(8.0, ramp_poll(8, 0.0, calls=4, latency=0.015)) == 16.0
+    assert policy.next_target(16.0, ramp_poll(16, 0.002, calls=4, latency=0.015)) == 16.0
+    assert policy.next_target(16.0, ramp_poll(16, 0.010, calls=0, latency=None)) == 16.0
+    assert policy.next_target(16.0, ramp_poll(16, 0.020, calls=16, latency=0.015)) == 32.0
+    assert policy.ramping
+
+
+def test_a_decoder_ramp_does_not_wait_for_its_round_trip() -> None:
+    # The same polls on an engine that generated tokens: the doubling goes on 2 ms later, as before; and with the
+    # one-step rules off, an engine that generated nothing is treated as a decoder too.
+    decoder = Adaptive()
+    assert decoder.next_target(8.0, ramp_poll(8, 0.0, calls=4, latency=0.015, generated=100.0)) == 16.0
+    assert decoder.next_target(16.0, ramp_poll(16, 0.002, calls=4, latency=0.015, generated=100.0)) == 32.0
+    off = Adaptive(one_step_pipeline=False)
+    assert off.next_target(8.0, ramp_poll(8, 0.0, calls=4, latency=0.015)) == 16.0
+    assert off.next_target(16.0, ramp_poll(16, 0.002, calls=4, latency=0.015)) == 32.0

@@ -174,6 +174,7 @@ class Adaptive:
     one_step_queue: float = 0.0
     one_step_pipeline: bool = True
     one_step: bool = field(default=False, init=False)
+    ramp_grown_at: float | None = field(default=None, init=False)
     w_max: float | None = field(default=None, init=False)
     w_max_time: float = field(default=0.0, init=False)
     probes: int = field(default=0, init=False)
@@ -248,7 +249,7 @@ class Adaptive:
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_past(obs, self.idle_s):
-            self.w_max, self.probes, self.held, self.cut_to = None, 0, False, 0.0
+            self.w_max, self.probes, self.held, self.cut_to, self.ramp_grown_at = None, 0, False, 0.0, None
             self.samples.clear()
 
     def _rescale(self, obs: Observation) -> float | None:
@@ -396,6 +397,32 @@ class Adaptive:
         doubling from there would overshoot the sequence limit, which lies somewhere below the KV bound, for a
         whole poll). With an estimate no answer exceeds ``max(target, bound)``; the first saturated poll cuts
         to the served share (the saturated rule)."""
+        if self._blind(obs):
+            return target
+        answer = self._ramp_step(target, obs, rate)
+        if answer > target:
+            self.ramp_grown_at = obs.time
+        return answer
+
+    def _blind(self, obs: Observation) -> bool:
+        """Our last first-ramp growth cannot have shown on the engine yet: hold. On a one-step engine, or one
+        that generated no token since the previous poll (whose kind is still unknown: nothing completed yet).
+
+        A one-step engine's clients poll about once a request's round trip (12.5 ms in ``scale_out.py``), and
+        the controller's faster first-ramp polls come sooner still. A doubling decided before the previous one
+        came back doubles blind: on ``embed-shared-start`` (5 ms on the wire) one client went 32 -> 64 -> 128 on
+        three polls 2 ms apart, on an engine of 32, while its peer held 8 (72 waiting, Jain 0.58 over the first
+        second). So grow only once our calls completed since the last growth and their mean round trip has
+        passed since it. A decoder's requests outlast the ramp's polls by design (seconds of decode), and its
+        jump and doubling are judged by the KV cache instead: unchanged there, as on a page without the token
+        counter (``one_step_pipeline`` False switches this off too)."""
+        grown_at = self.ramp_grown_at
+        if grown_at is None or not self.one_step_pipeline or not (self.one_step or obs.generation_tokens == 0):
+            return False
+        latency = obs.client_latency_mean_s
+        return obs.client_calls <= 0 or (latency is not None and obs.time - grown_at < latency)
+
+    def _ramp_step(self, target: float, obs: Observation, rate: float | None) -> float:
         grown = self._startup(target, obs, rate)
         estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
         if estimate is None:
