@@ -351,7 +351,7 @@ def test_the_completion_share_is_a_share(polls: list[tuple[int, float]], batch: 
         assert len(done) <= 1 or sum(done[1:]) < share.batches * batch
 
 
-# -- session 7: the first ramp grows only once its last growth came back (docs/policies.md) -------------------
+# -- session 6: the first ramp grows only once its last growth came back (docs/policies.md) -------------------
 def ramp_poll(target: float, time: float, *, calls: int, latency: float | None, generated: float = 0.0) -> Observation:
     """A first-ramp poll without KV figures (the ramp doubles): the window full and running, nothing waiting."""
     return Observation(
