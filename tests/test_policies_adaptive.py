@@ -136,11 +136,12 @@ def test_sharing_the_engine_probes_do_not_accelerate() -> None:
     p.next_target(300, Observation(running=1000, waiting=200, waiting_capacity=200, inflight=300, time=0.0))
     # Above the goal (250) with the engine running 1100, more than its known capacity: a lone client would
     # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes by the
-    # step (here (1,024 / 1,100)^0.5) every poll, since every client sharing it probes too.
+    # step (here 0.7 × (1,024 / 1,100)^0.5, sharing a fleet running over 1,024) every poll, since every client
+    # sharing it probes too.
     t = 251.0
     for i in range(3):
         t = p.next_target(t, full(t, time=12.0 * (i + 1), running=1100))
-        assert t == pytest.approx(251.0 + (i + 1) * (1024 / 1100) ** 0.5)
+        assert t == pytest.approx(251.0 + (i + 1) * 0.7 * (1024 / 1100) ** 0.5)
     assert p.probes == 3
 
 
