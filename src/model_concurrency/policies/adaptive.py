@@ -128,9 +128,9 @@ class Adaptive:
             poll cuts to this × the served share (default 0.93, in (0, 1)), and the steady-state step is scaled by
             ``(1 − fleet_decrease_factor) / (1 − decrease_factor)`` (0.7) so that the fleet saturates as often as
             before. A fleet's saturation is seen only by the clients whose poll falls in it, so each client's target
-            is a lottery of cuts; a smaller cut, more of them, spreads the targets less. ``fleet-1000`` on two seeds:
-            saturated 11.0 -> 9.2 % and 11.2 -> 10.0 %, Jain 0.949 -> 0.948 and 0.948 -> 0.940 (0.9: the previous
-            rule; docs/scale-out.md, "The steady state's lottery").
+            is a lottery of cuts; a smaller cut, more of them, spreads the targets less. ``fleet-1000`` on three seeds:
+            saturated 11.0 / 11.2 / 10.1 -> 9.2 / 10.0 / 8.2 %, Jain 0.949 / 0.948 / 0.952 -> 0.948 / 0.940 / 0.953
+            (0.9: the previous rule; docs/scale-out.md, "The steady state's lottery").
         accelerate_shared: let probes accelerate (``probe_growth``) below ``jump_share`` of the engine too
             (default False). Every client sharing an engine probes; N of them stepping by +1, +2, +4 together
             overshoot it by N times that, and the equal step is what makes clients converge to equal shares.
