@@ -87,8 +87,9 @@ def test_on_a_full_shared_engine_a_probe_is_capped_by_its_share_of_the_room() ->
 def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_every_client_alike() -> None:
     # A fleet that ran 2,048 while saturated. Below the goal the step is (1,024 / 2,000)^0.5 = 0.72, not 1, for a
     # client with 16 in flight and for one with 64 alike (the same step keeps them converging to equal shares).
+    # (Sharing a fleet that big, the cut is 0.93 and the step 0.7 of it: the next test; here the plain rule.)
     for inflight in (16, 64):
-        p = Adaptive()
+        p = Adaptive(fleet_decrease_factor=0.9)
         cut = p.next_target(inflight, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=inflight))
         assert cut == pytest.approx(0.9 * inflight * 2048 / 2056)
         assert p.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + (1024 / 2000) ** 0.5)
@@ -100,9 +101,34 @@ def test_on_a_big_engine_the_step_shrinks_with_the_square_root_of_its_size_for_e
     q = Adaptive()
     q.next_target(300, saturated(300, running=256, time=0.0))
     assert q.next_target(240, full(240, time=12.0)) == pytest.approx(241)
-    r = Adaptive(step_exponent=0.0)
+    r = Adaptive(step_exponent=0.0, fleet_decrease_factor=0.9)
     cut = r.next_target(16, Observation(running=2048, waiting=8, waiting_capacity=8, inflight=16))
     assert r.next_target(cut, full(cut, time=12.0, running=2000)) == pytest.approx(cut + 1)
+
+
+def test_sharing_a_big_fleet_the_cut_is_0_93_and_the_step_smaller_in_proportion() -> None:
+    # 1,000 clients on 16,384 sequences: a saturation is cut by the few whose poll falls in it. The cut is 0.93 of
+    # the served share (not 0.9) and the step 0.07 / 0.1 = 0.7 of the fleet's (1,024 / running)^0.5.
+    p = Adaptive()
+    served = 20 * 16384 / 16400
+    cut = p.next_target(20, Observation(running=16384, waiting=16, waiting_capacity=16, inflight=20))
+    assert cut == pytest.approx(0.93 * served)
+    assert p.w_max == pytest.approx(served)
+    cut = 0.93 * served
+    assert p.next_target(cut, full(cut, time=12.0, running=16000)) == pytest.approx(cut + 0.7 * (1024 / 16000) ** 0.5)
+    # Up to 1,024 running (32 clients on 4 engines of 256), the plain rule: cut 0.9, step 1.
+    q = Adaptive()
+    plain = q.next_target(40, Observation(running=1024, waiting=16, waiting_capacity=16, inflight=40))
+    assert plain == pytest.approx(0.9 * 40 * 1024 / 1040)
+    assert q.next_target(plain, full(plain, time=12.0, running=1000)) == pytest.approx(plain + 1)
+    # Alone on the big fleet, the plain rule too: nobody else cuts or steps.
+    alone = Adaptive()
+    assert alone.next_target(16400, saturated(16400, running=16384, time=0.0)) == pytest.approx(0.9 * 16384)
+    # fleet_decrease_factor = decrease_factor is the plain rule everywhere.
+    r = Adaptive(fleet_decrease_factor=0.9)
+    plain = r.next_target(20, Observation(running=16384, waiting=16, waiting_capacity=16, inflight=20))
+    assert plain == pytest.approx(0.9 * served)
+    assert r.next_target(plain, full(plain, time=12.0, running=16000)) == pytest.approx(plain + (1024 / 16000) ** 0.5)
 
 
 def test_sharing_the_engine_probes_do_not_accelerate() -> None:
@@ -110,11 +136,12 @@ def test_sharing_the_engine_probes_do_not_accelerate() -> None:
     p.next_target(300, Observation(running=1000, waiting=200, waiting_capacity=200, inflight=300, time=0.0))
     # Above the goal (250) with the engine running 1100, more than its known capacity: a lone client would
     # probe +1, +2, +4 (a capacity that grew without a KV-block signal); sharing the engine it probes by the
-    # step (here (1,024 / 1,100)^0.5) every poll, since every client sharing it probes too.
+    # step (here 0.7 × (1,024 / 1,100)^0.5, sharing a fleet running over 1,024) every poll, since every client
+    # sharing it probes too.
     t = 251.0
     for i in range(3):
         t = p.next_target(t, full(t, time=12.0 * (i + 1), running=1100))
-        assert t == pytest.approx(251.0 + (i + 1) * (1024 / 1100) ** 0.5)
+        assert t == pytest.approx(251.0 + (i + 1) * 0.7 * (1024 / 1100) ** 0.5)
     assert p.probes == 3
 
 
@@ -219,6 +246,8 @@ def test_application_limited_holds_and_long_idle_forgets() -> None:
         {"step_exponent": -0.1},
         {"step_exponent": 1.5},
         {"full_step_running": 0.0},
+        {"fleet_decrease_factor": 1.0},
+        {"fleet_decrease_factor": 0.0},
     ],
 )
 def test_rejects_bad_parameters(bad: dict[str, float]) -> None:
