@@ -148,12 +148,18 @@ def cut_short(body: bytes) -> Responder:
 class Fault:
     name: str
     endpoint: Endpoint
-    why: str  # what the one log line must say
+    why: str | tuple[str, ...]  # what the one log line must say (any one of a tuple's)
+
+
+def says(text: str, why: str | tuple[str, ...]) -> bool:
+    return any(w in text for w in ((why,) if isinstance(why, str) else why))
 
 
 FAULTS = [
     Fault("connection-refused", refused, "ScrapeError: ConnectError"),
-    Fault("accepts-never-answers", never_answers, "ReadTimeout"),
+    # The read timeout (0.5 s) fires first on an idle machine; on a loaded one the connect or the loop's start can
+    # eat enough of the exchange's 1 s deadline that the deadline fires first. Either names the silent server.
+    Fault("accepts-never-answers", never_answers, ("ReadTimeout", "deadline")),
     Fault("one-byte-per-tick-body", functools.partial(served, lambda: trickle(good_page(), 0.1)), "deadline"),
     Fault(
         "100MB-body",
@@ -249,12 +255,14 @@ def register(good: FaultServer, **kwargs: object) -> None:
     )
 
 
-def check_failed_polls(caplog: pytest.LogCaptureFixture, targets: list[int], expected: list[int], why: str) -> None:
+def check_failed_polls(
+    caplog: pytest.LogCaptureFixture, targets: list[int], expected: list[int], why: str | tuple[str, ...]
+) -> None:
     assert targets == expected
     lines = warnings_of(caplog)
     assert len(lines) == len(expected), lines  # exactly one line per failed poll
     for n, text in enumerate(lines, start=1):
-        assert text.startswith("model m: metrics poll failed (") and why in text, text
+        assert text.startswith("model m: metrics poll failed (") and says(text, why), text
         assert f"; {n} consecutive, target {expected[n - 1]}" in text, text
 
 
@@ -277,7 +285,7 @@ def test_fault_through_a_live_controller(
             targets.append(bounded(controller.target))
     check_failed_polls(caplog, targets, [GOOD, GOOD, GOOD, FLOOR], fault.why)
     snap = get_utilization("m")
-    assert snap["metrics_ok"] is False and fault.why in snap["last_error"]
+    assert snap["metrics_ok"] is False and says(snap["last_error"], fault.why)
     assert snap["consecutive_failures"] == 4 and snap["current_target"] == FLOOR
     assert snap["running"] is None  # no stale engine figures presented as current
     assert (polls("ok"), polls("failed")) == (ok_before, failed_before + 4)
