@@ -25,6 +25,29 @@ from model_concurrency.lab.scenario import load_scenario
 from model_concurrency.lab.summary import summarize
 
 
+def override_when_shared(values, big_fleet=False):
+    """Patch ``Adaptive._requests`` to run with ``values`` set on polls that share the engine (and, with
+    ``big_fleet``, an engine running over ``full_step_running``), restoring the parameters after each poll."""
+    from model_concurrency.policies._common import own_share
+
+    orig = ad.Adaptive._requests
+
+    def _requests(self, target, obs):
+        shared = obs.inflight > 0 and own_share(obs) < self.jump_share
+        if not shared or (big_fleet and obs.running <= self.full_step_running):
+            return orig(self, target, obs)
+        keep = {name: getattr(self, name) for name in values}
+        for name, value in values.items():
+            setattr(self, name, value)
+        try:
+            return orig(self, target, obs)
+        finally:
+            for name, value in keep.items():
+                setattr(self, name, value)
+
+    ad.Adaptive._requests = _requests
+
+
 def make(variant):
     if variant == "shared_hold":
 
@@ -71,49 +94,11 @@ def make(variant):
         ad.Adaptive._startup = _startup
     if variant.startswith("fleet"):  # fleetB_S: on a shared engine running > full_step_running: cut B, step S
         b, st = (float(x) for x in variant[5:].split("_"))
-        orig = ad.Adaptive._requests
-        from model_concurrency.policies._common import own_share
-
-        def _requests(self, target, obs):
-            keep = self.decrease_factor, self.increase_step
-            if obs.inflight > 0 and own_share(obs) < self.jump_share and obs.running > self.full_step_running:
-                self.decrease_factor, self.increase_step = b, st
-            try:
-                return orig(self, target, obs)
-            finally:
-                self.decrease_factor, self.increase_step = keep
-
-        ad.Adaptive._requests = _requests
+        override_when_shared({"decrease_factor": b, "increase_step": st}, big_fleet=True)
     if variant.startswith("ssf"):  # shared-only slow start factor (monkeypatched)
-        f = float(variant[3:])
-        orig = ad.Adaptive._requests
-        from model_concurrency.policies._common import own_share
-
-        def _requests(self, target, obs):
-            keep = self.slow_start_factor
-            if obs.inflight > 0 and own_share(obs) < self.jump_share:
-                self.slow_start_factor = f
-            try:
-                return orig(self, target, obs)
-            finally:
-                self.slow_start_factor = keep
-
-        ad.Adaptive._requests = _requests
+        override_when_shared({"slow_start_factor": float(variant[3:])})
     if variant.startswith("sdf"):  # shared-only decrease factor (monkeypatched)
-        f = float(variant[3:])
-        orig = ad.Adaptive._requests
-        from model_concurrency.policies._common import own_share
-
-        def _requests(self, target, obs):
-            keep = self.decrease_factor
-            if obs.inflight > 0 and own_share(obs) < self.jump_share:
-                self.decrease_factor = f
-            try:
-                return orig(self, target, obs)
-            finally:
-                self.decrease_factor = keep
-
-        ad.Adaptive._requests = _requests
+        override_when_shared({"decrease_factor": float(variant[3:])})
     return ad.Adaptive
 
 
