@@ -16,7 +16,7 @@ from model_concurrency.hooks import (
 )
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies import AIMD, Policy
-from model_concurrency.runtime import ModelRuntime, reset_runtimes
+from model_concurrency.runtime import ModelRuntime, reset_controllers, reset_runtimes
 from model_concurrency.signals import metrics_url_from_base
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "map_concurrent_sync",
     "metrics_url_from_base",
     "register_model",
+    "reset_controllers",
     "reset_runtimes",
     "resolve_capacity",
     "setting",
