@@ -56,6 +56,13 @@ FLOOR = (1, 32)
 CEILINGS = (64, 128, 256, 512, 1024, 2048)
 POLL_S = (5.0, 60.0)
 REQUESTS_PER_MINUTE = (300.0, 30000.0)
+# The oracle's sweeps of one draw may cost at most this many simulated requests (about 20 s of one loaded core at
+# 25,000 simulated requests per second), else the draw is drawn again: the sweeps, not the runs, are a draw's cost.
+MAX_SWEEP_REQUESTS = 500_000.0
+MAX_ATTEMPTS = 64
+SWEEP_BISECTIONS = 6  # the knee's bisection after the grid of powers of two (lab/oracle.py)
+# The clients' summed ceilings (the oracle's cap, up to which it sweeps) stay within this.
+MAX_TOTAL_CEILING = 4096
 # How often each ingredient appears in a draw.
 P_SPREAD = 0.7
 P_HEAVY_TAIL = 0.25
@@ -120,7 +127,10 @@ def _spread(rng: np.random.Generator) -> float:
 
 
 def _events(rng: np.random.Generator, duration: float, engines: int, replicas: int) -> list[dict[str, Any]]:
-    """Each kind of event with its own probability, placed in the middle of the run (the start ramps first)."""
+    """Each kind of event with its own probability, placed after the start's ramp.
+
+    A change of engines comes before a replica flap: the oracle needs identical live replicas, and engines added
+    while a replica is down would leave it smaller when it returns."""
     events: list[dict[str, Any]] = []
 
     def at(low: float, high: float) -> float:
@@ -128,12 +138,12 @@ def _events(rng: np.random.Generator, duration: float, engines: int, replicas: i
 
     if rng.random() < P_EVENT["engines"]:
         if engines > 1 and rng.random() < 0.5:
-            events.append({"at_s": at(0.3, 0.6), "action": "remove_engines", "count": int(rng.integers(1, engines))})
+            events.append({"at_s": at(0.25, 0.5), "action": "remove_engines", "count": int(rng.integers(1, engines))})
         else:
-            events.append({"at_s": at(0.3, 0.6), "action": "add_engines", "count": int(rng.integers(1, 3))})
-    if rng.random() < P_EVENT["flap"]:
+            events.append({"at_s": at(0.25, 0.5), "action": "add_engines", "count": int(rng.integers(1, 3))})
+    if rng.random() < P_EVENT["flap"] and replicas > 1:
         replica = int(rng.integers(0, replicas))
-        down = at(0.25, 0.55)
+        down = at(0.55, 0.7)
         events.append({"at_s": down, "action": "replica_down", "replica": replica})
         events.append({"at_s": round(down + at(0.05, 0.2), 1), "action": "replica_up", "replica": replica})
     if rng.random() < P_EVENT["tenant"]:
@@ -148,11 +158,47 @@ def _events(rng: np.random.Generator, duration: float, engines: int, replicas: i
     return sorted(events, key=lambda e: float(e["at_s"]))
 
 
+def items_per_s(preset_name: str, max_num_seqs: int, prompt: float, output: float) -> float:
+    """A rough throughput of one engine at its knee, from the preset's step model: each item costs its prompt's
+    prefill and its share of ``output`` full decode steps. Only to keep draws affordable (:func:`sweep_cost`)."""
+    from model_concurrency.engine.presets import get_preset
+
+    step = get_preset(preset_name).step
+    decode_step_ms = step.a_ms + step.memory_ms + step.b_ms_per_token * max_num_seqs
+    ms = prompt * step.b_ms_per_token + output * decode_step_ms / max_num_seqs
+    return 1000.0 / max(ms, 1e-3)
+
+
+def sweep_cost(data: dict[str, Any]) -> float:
+    """Simulated requests the oracle's knee sweeps of a draw cost (an estimate): levels × sweep length × the
+    fleet's rate, per phase. The sweeps do not shorten with ``--scale``; they are what a draw costs."""
+    from model_concurrency.lab.oracle import MEASURE_S, WARMUP_S
+
+    fleet, w, c = data["fleet"], data["workload"], data["clients"]
+    prompt = w["prompt_tokens"] + w.get("long_fraction", 0.0) * w.get("long_prompt_tokens", 0)
+    rate = items_per_s(fleet["preset"], fleet["engine"]["max_num_seqs"], prompt, w["output_tokens"])
+    engines = fleet["engines"] + sum(e.get("count", 0) for e in data["events"] if e["action"] == "add_engines")
+    capacity_events = [e for e in data["events"] if e["action"] != "metrics_down" and e["action"] != "metrics_up"]
+    replicas = fleet["replicas"] if capacity_events or "rate_limit" in data else 1  # else one replica is swept
+    levels = math.log2(max(2, c["count"] * c["ceiling"])) + SWEEP_BISECTIONS
+    return levels * (WARMUP_S + MEASURE_S) * rate * engines * replicas * (1 + len(capacity_events))
+
+
 def draw_dict(seed: int, index: int, scale: float = 1.0) -> dict[str, Any]:
-    """Draw ``index`` of ``seed`` as the TOML tables of a scenario (durations already multiplied by ``scale``)."""
+    """Draw ``index`` of ``seed`` as the TOML tables of a scenario (durations already multiplied by ``scale``).
+
+    A draw whose oracle would cost more than :data:`MAX_SWEEP_REQUESTS` is drawn again (from the next stream of
+    the same seed and index): large fleets get larger items, small items smaller fleets."""
     if not 0 < scale <= 1:
         raise ValueError("scale must be in (0, 1]")
-    rng = np.random.default_rng([seed, index])
+    for attempt in range(MAX_ATTEMPTS):
+        data = _draw(np.random.default_rng([seed, index, attempt]), seed, index, scale)
+        if sweep_cost(data) <= MAX_SWEEP_REQUESTS:
+            return data
+    return data
+
+
+def _draw(rng: np.random.Generator, seed: int, index: int, scale: float) -> dict[str, Any]:
     preset = PRESETS[int(rng.integers(0, len(PRESETS)))]
     embedding = preset in EMBEDDING_PRESETS
     engines = int(rng.integers(ENGINES[0], ENGINES[1] + 1))
@@ -177,7 +223,7 @@ def draw_dict(seed: int, index: int, scale: float = 1.0) -> dict[str, Any]:
     clients = {
         "count": count,
         "floor": floor,
-        "ceiling": max(floor, int(rng.choice(CEILINGS))),
+        "ceiling": max(floor, min(int(rng.choice(CEILINGS)), MAX_TOTAL_CEILING // count)),
         "poll_s": round(_log_uniform(rng, *POLL_S), 1),
     }
     data: dict[str, Any] = {
