@@ -181,7 +181,7 @@ def sweep_cost(data: dict[str, Any]) -> float:
     capacity_events = [e for e in data["events"] if e["action"] != "metrics_down" and e["action"] != "metrics_up"]
     replicas = fleet["replicas"] if capacity_events or "rate_limit" in data else 1  # else one replica is swept
     levels = math.log2(max(2, c["count"] * c["ceiling"])) + SWEEP_BISECTIONS
-    return levels * (WARMUP_S + MEASURE_S) * rate * engines * replicas * (1 + len(capacity_events))
+    return float(levels * (WARMUP_S + MEASURE_S) * rate * engines * replicas * (1 + len(capacity_events)))
 
 
 def draw_dict(seed: int, index: int, scale: float = 1.0) -> dict[str, Any]:
