@@ -34,9 +34,9 @@ from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import load_scenario, scenario_from_dict
 from model_concurrency.policies.registry import load_policy
 
-# Draws of seed 0 that cover a heavy tail (2), a metrics outage (3), engines added (5) and removed (9), another
-# tenant (7), the embedding preset (21, 37), a replica flap (27) and a rate limit (37).
-SAMPLE = (2, 3, 5, 7, 9, 21, 27, 37)
+# Draws of seed 0 that cover the embedding preset, another tenant and a replica flap (0), a heavy tail and a metrics
+# outage (1), engines added (11) and removed (20), a rate limit (10).
+SAMPLE = (0, 1, 2, 10, 11, 20)
 SCALE = 0.05
 
 
@@ -170,8 +170,8 @@ def test_the_cli_writes_the_table_the_scenarios_and_ends_with_the_default_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "fz"
-    # Seed 109's first two draws have the cheapest oracles of the first 300 seeds (lab.fuzz.sweep_cost).
-    args = ["--n", "2", "--seed", "109", "--scale", "0.03", "--jobs", "1", "--quiet"]
+    # Seed 135's first two draws have the cheapest oracles of the first 300 seeds (lab.fuzz.sweep_cost).
+    args = ["--n", "2", "--seed", "135", "--scale", "0.03", "--jobs", "1", "--quiet"]
     code = main(["fuzz", *args, "--policies", "adaptive,batch-gateway-aimd", "--out", str(out)])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -180,12 +180,12 @@ def test_the_cli_writes_the_table_the_scenarios_and_ends_with_the_default_line(
     with (out / "fuzz.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["scenario"], r["policy"]) for r in rows] == [
-        ("fuzz-109-0000", "adaptive"),
-        ("fuzz-109-0000", "batch-gateway-aimd"),
-        ("fuzz-109-0001", "adaptive"),
-        ("fuzz-109-0001", "batch-gateway-aimd"),
+        ("fuzz-135-0000", "adaptive"),
+        ("fuzz-135-0000", "batch-gateway-aimd"),
+        ("fuzz-135-0001", "adaptive"),
+        ("fuzz-135-0001", "batch-gateway-aimd"),
     ]
     assert {"goodput_ratio", "preset", "clients", "events"} <= set(rows[0])
-    assert sorted(p.name for p in (out / "scenarios").iterdir()) == ["fuzz-109-0000.toml", "fuzz-109-0001.toml"]
-    assert load_scenario(out / "scenarios" / "fuzz-109-0001.toml") == draw_scenario(109, 1, 0.03)
+    assert sorted(p.name for p in (out / "scenarios").iterdir()) == ["fuzz-135-0000.toml", "fuzz-135-0001.toml"]
+    assert load_scenario(out / "scenarios" / "fuzz-135-0001.toml") == draw_scenario(135, 1, 0.03)
     assert (out / "worst.md").read_text().startswith("| scenario | goodput_ratio |")
