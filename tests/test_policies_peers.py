@@ -112,3 +112,18 @@ def test_a_peer_never_answers_a_non_finite_or_negative_target(factory: type) -> 
     for obs in [calls(ok=50, latency=0.5), calls(throttled=40, server=10), calls(ok=3, latency=30.0)] * 5:
         target = p.next_target(target, obs)
         assert math.isfinite(target) and target > 0
+
+
+def test_the_recorder_counts_server_errors_apart_from_refusals_and_bad_requests() -> None:
+    from model_concurrency.controller import CallRecorder
+    from model_concurrency.observation import observe
+
+    recorder = CallRecorder()
+    recorder.record(0.5, ok=True)
+    for status in (429, 503, 500, 408, None, 400):
+        recorder.record(0.01, ok=False, status=status)
+    stats = recorder.drain()
+    assert (stats.calls, stats.errors, stats.throttled, stats.server_errors) == (7, 6, 2, 3)
+    obs = observe(None, None, inflight=0, time=0.0, calls=stats)
+    assert (obs.client_errors, obs.client_throttled, obs.client_server_errors) == (6, 2, 3)
+    assert recorder.drain().server_errors == 0
