@@ -315,7 +315,7 @@ class CallRecorder:
         self._reset()
 
     def _reset(self) -> None:
-        self.calls = self.errors = self.throttled = 0
+        self.calls = self.errors = self.throttled = self.server_errors = 0
         self.latency_sum = self.ok_latency_sum = 0.0
         self.latency_min: float | None = None
 
@@ -326,6 +326,8 @@ class CallRecorder:
                 self.errors += 1
             if status in THROTTLED:
                 self.throttled += 1
+            elif not ok and (status is None or status == 408 or status >= 500):
+                self.server_errors += 1
             if math.isfinite(latency_s) and latency_s >= 0:
                 self.latency_sum += latency_s
                 if ok:
@@ -341,6 +343,7 @@ class CallRecorder:
                 latency_sum_s=self.latency_sum,
                 latency_min_s=self.latency_min,
                 ok_latency_sum_s=self.ok_latency_sum,
+                server_errors=self.server_errors,
             )
             self._reset()
             return stats

@@ -78,6 +78,10 @@ class CallStats:
     # Latency of the calls that succeeded only: a 429 comes back in a round trip and would make the mean look
     # like room exactly when the server is pushing back (the guard's throttle cap needs the served calls' latency).
     ok_latency_sum_s: float = 0.0
+    # Failed calls that say the server is overloaded or broken without being a refusal: 408, a 5xx other than 503,
+    # or no status at all (a dropped connection). Not a 400: a request the model can never take says nothing of
+    # load (the peers that react to "errors" react to these: AIBrix's 408/5xx, batch-gateway's 5xx).
+    server_errors: int = 0
 
     @property
     def latency_mean_s(self) -> float | None:
@@ -138,6 +142,7 @@ class Observation:
     client_latency_mean_s: float | None = None
     client_latency_min_s: float | None = None
     client_ok_latency_mean_s: float | None = None
+    client_server_errors: int = 0
 
     def __post_init__(self) -> None:
         if self.inflight_peak < self.inflight:
@@ -224,6 +229,7 @@ def observe(
         "client_latency_mean_s": calls.latency_mean_s,
         "client_latency_min_s": calls.latency_min_s,
         "client_ok_latency_mean_s": calls.ok_latency_mean_s,
+        "client_server_errors": calls.server_errors,
     }
     if snapshot is None:
         return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]

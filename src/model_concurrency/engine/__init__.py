@@ -37,7 +37,7 @@ the presets against published vLLM figures is ``scripts/validate_engine.py`` (ta
 
 from __future__ import annotations
 
-from model_concurrency.engine.engine import Engine, EngineDownError
+from model_concurrency.engine.engine import Engine, EngineDownError, RequestTooLargeError
 from model_concurrency.engine.metrics import VllmCollector, make_registry, render_engines
 from model_concurrency.engine.presets import (
     BGE_M3,
@@ -77,6 +77,7 @@ __all__ = [
     "Histogram",
     "Request",
     "RequestState",
+    "RequestTooLargeError",
     "Server",
     "StepTimeModel",
     "VllmCollector",

@@ -23,7 +23,7 @@ from model_concurrency.engine.scheduler import Scheduler
 from model_concurrency.engine.stats import REQUEST_LATENCY_BUCKETS, EngineStats
 from model_concurrency.observation import Buckets, EngineSnapshot
 
-__all__ = ["Engine", "EngineDownError", "combine_signals", "queue_buckets", "snapshot_of"]
+__all__ = ["Engine", "EngineDownError", "RequestTooLargeError", "combine_signals", "queue_buckets", "snapshot_of"]
 
 _NEW = RequestState.NEW
 _FRONTEND = RequestState.FRONTEND
@@ -89,6 +89,15 @@ def combine_signals(signals: Iterable[Signals]) -> Signals:
 
 class EngineDownError(ConnectionError):
     """The engine (or replica) is down: its ``/metrics`` cannot be read, like a refused connection."""
+
+
+class RequestTooLargeError(ValueError):
+    """A request this engine could never run, refused at submission as vLLM answers it with HTTP 400.
+
+    vLLM refuses a prompt beyond ``max_model_len`` (here: more tokens than the KV cache holds) or, without chunked
+    prefill, longer than ``max_num_batched_tokens``. The request is not queued and no engine counter moves; the
+    caller fails that one item (the lab's client, the emulator's 400) and the run goes on.
+    """
 
 
 class Engine(Scheduler):
@@ -193,9 +202,11 @@ class Engine(Scheduler):
     def check_fits(self, request: Request) -> None:
         """Refuse what this engine could never run, as vLLM rejects prompts beyond its limits."""
         if request.prompt_tokens + request.output_tokens > (self.num_gpu_blocks - 1) * self.block_size:
-            raise ValueError(f"{request!r} needs more KV blocks than the engine has ({self.num_gpu_blocks})")
+            raise RequestTooLargeError(f"{request!r} needs more KV blocks than the engine has ({self.num_gpu_blocks})")
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
-            raise ValueError(f"{request!r}: prompt longer than max_num_batched_tokens without chunked prefill")
+            raise RequestTooLargeError(
+                f"{request!r}: prompt longer than max_num_batched_tokens without chunked prefill"
+            )
 
     def abort(self, request: Request) -> bool:
         """Cancel a request (client gave up); it finishes with ``finished_reason="abort"``. False if not here."""

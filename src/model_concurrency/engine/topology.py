@@ -24,7 +24,14 @@ from prometheus_client import generate_latest
 from simpy.events import Timeout
 
 from model_concurrency.engine.bookkeeping import Signals
-from model_concurrency.engine.engine import Engine, EngineDownError, combine_signals, queue_buckets, snapshot_of
+from model_concurrency.engine.engine import (
+    Engine,
+    EngineDownError,
+    RequestTooLargeError,
+    combine_signals,
+    queue_buckets,
+    snapshot_of,
+)
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
@@ -263,7 +270,12 @@ class Server:
             request.arrival_time = now
             self.submitted += 1
             self.inflight += 1
-            engines[0]._accept(request, now)
+            try:
+                engines[0]._accept(request, now)
+            except RequestTooLargeError:  # refused as vLLM answers 400: never accepted, so not counted
+                self.submitted -= 1
+                self.inflight -= 1
+                raise
         else:
             self._accept(request)
         return done
@@ -277,7 +289,12 @@ class Server:
             request.arrival_time = now
             self.submitted += 1
             self.inflight += 1
-            engines[0]._accept(request, now)
+            try:
+                engines[0]._accept(request, now)
+            except RequestTooLargeError:  # refused as vLLM answers 400: never accepted, so not counted
+                self.submitted -= 1
+                self.inflight -= 1
+                raise
         else:
             self._accept(request)
 
@@ -294,20 +311,22 @@ class Server:
     def _accept(self, request: Request) -> None:
         now = self.env.now
         request.arrival_time = now
+        engines = self.engines
+        first = engines[0]
+        prompt = request.prompt_tokens
+        # check_fits' conditions first (as Engine._accept does): the call only to raise, with its reason, before
+        # the request counts as accepted (a refused request is never in flight).
+        if self.up and (
+            prompt + request.output_tokens > (first.num_gpu_blocks - 1) * first.block_size
+            or (prompt > first.max_num_batched_tokens and not first.chunked_prefill)
+        ):
+            first.check_fits(request)
         self.submitted += 1
         self.inflight += 1
         if not self.up:
             self._count_finish(request, ok=False)
             _abort_outside(request, now)
             return
-        engines = self.engines
-        first = engines[0]
-        prompt = request.prompt_tokens
-        # check_fits' conditions first (as Engine._accept does): the call only to raise, with its reason.
-        if prompt + request.output_tokens > (first.num_gpu_blocks - 1) * first.block_size or (
-            prompt > first.max_num_batched_tokens and not first.chunked_prefill
-        ):
-            first.check_fits(request)
         if self._frontend_free:
             self._route(request)
             return

@@ -36,6 +36,7 @@ from simpy.events import Event, Timeout
 
 from model_concurrency import config
 from model_concurrency.controller import CallRecorder, ControllerCore
+from model_concurrency.engine.engine import RequestTooLargeError
 from model_concurrency.engine.request import ABORT, Request
 from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, UsageMeter
@@ -44,7 +45,13 @@ from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import poll_step
 from model_concurrency.signals.interval import IntervalMeter
 
-__all__ = ["ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
+__all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
+
+#: The round trip of a call the engine refuses outright (vLLM's HTTP 400 for a prompt it can never take): the slot
+#: is held this long, so a stream of such items cannot spin the dispatcher at one simulated instant.
+REJECTION_LATENCY_S = 0.005
+#: The status a refused item's call is recorded with (the gate records the same for a live 400).
+REJECTED_STATUS = 400
 
 
 class SubmitTarget(Protocol):
@@ -200,6 +207,8 @@ class SimClient:
         self.completed = 0
         self.errors = 0
         self.throttled = 0
+        # Items the engine refused (too long for it): each failed for good, never retried, as vLLM's 400 is final.
+        self.rejected = 0
         self.throttle_times: list[float] = []
         self.hold = AdmissionHold()
         self.retry: list[Request] = []
@@ -306,10 +315,30 @@ class SimClient:
     def _submit(self, request: Request) -> None:
         request.arrival_time = None
         submit_limited = self._submit_limited
-        if submit_limited is not None:
-            submit_limited(request, self._finished, self._refused)
-        else:
-            self.target.submit_callback(request, self._finished)
+        try:
+            if submit_limited is not None:
+                submit_limited(request, self._finished, self._refused)
+            else:
+                self.target.submit_callback(request, self._finished)
+        except RequestTooLargeError:
+            Timeout(self.env, REJECTION_LATENCY_S, request).callbacks.append(self._rejected)
+
+    def _rejected(self, event: Event) -> None:
+        """A call the engine refused (HTTP 400): that item fails, its slot is freed, the run goes on."""
+        request: Request = event.value  # type: ignore[assignment]  # the timeout was given the request
+        self.rejected += 1
+        self.errors += 1
+        self.calls.record(REJECTION_LATENCY_S, ok=False, status=REJECTED_STATUS)
+        self._wake(self.limiter.release(self._units.pop(id(request))))
+
+    def unaccounted(self) -> int:
+        """Items taken from the stream and neither completed, failed, in flight nor waiting to be sent: always 0.
+
+        The ledger a property test checks: each item drawn is completed once, refused once (failed for good), or
+        still here (holding a slot, in the retry list, or waiting for its slot)."""
+        waiting = self._waiting is not None and id(self._waiting[0]) not in self._units
+        here = len(self._units) + len(self.retry) + int(waiting)
+        return self.started - self.completed - self.rejected - here
 
     def _finished(self, request: Request) -> None:
         now = self.env.now

@@ -56,8 +56,11 @@ def simulate(
     budgets: list[list[tuple[float, int | None]]] | None = None,
     resolve_fraction: Callable[[Phase, float], float] = _no_background,
     progress: Progress | None = None,
+    inspect: Callable[[list[SimClient]], None] | None = None,
 ) -> Trace:
-    """Simulate one scenario with either a policy per client or a fixed limit schedule per client (the oracle)."""
+    """Simulate one scenario with either a policy per client or a fixed limit schedule per client (the oracle).
+
+    ``inspect`` is called with the clients once the run has ended (their ledgers, for tests and the fuzzer)."""
     if (policy_factory is None) == (schedules is None):
         raise ValueError("simulate needs a policy_factory or schedules, not both")
     env = simpy.Environment()
@@ -143,6 +146,8 @@ def simulate(
 
     env.process(sampler())
     env.run(until=scenario.duration_s)
+    if inspect is not None:
+        inspect(clients)
     arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
     columns = {k: matrix[:, :taken] for k, matrix in per_client.items()}  # row i: client i's series, contiguous
     return Trace(

@@ -42,6 +42,7 @@ from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
 from model_concurrency.policies.base import Policy
 from model_concurrency.policies.capacity import Capacity
 from model_concurrency.policies.gradient import Gradient
+from model_concurrency.policies.peers import AIBrix, BatchGatewayAIMD, LlmdAIMD, QueueTimeAIMD
 from model_concurrency.policies.queue import QueuePolicy
 from model_concurrency.policies.seed_aimd import SeedAIMD
 from model_concurrency.policies.setpoint import Setpoint
@@ -76,6 +77,11 @@ BUILTIN_POLICIES: dict[str, Callable[..., Policy]] = {
     "capacity": Capacity,
     "adaptive": Adaptive,
     "static": Static,
+    # The direct peers (policies/peers.py), from their published rules.
+    "aibrix": AIBrix,
+    "llmd-aimd": LlmdAIMD,
+    "batch-gateway-aimd": BatchGatewayAIMD,
+    "queue-time-aimd": QueueTimeAIMD,
 }
 
 
