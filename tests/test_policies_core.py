@@ -19,6 +19,8 @@ from model_concurrency.policies.registry import load_policy
 PRESETS = Path(__file__).resolve().parents[1] / "policies"
 # Queue-time buckets (cumulative) of an interval where 20 requests started and 5 waited over 0.5 s.
 WAITS = ((0.3, 12.0), (0.5, 15.0), (0.8, 17.0), (float("inf"), 20.0))
+# One of 100 started requests waited over 0.5 s: what a queue standing at a wall leaves in the histogram.
+ONE_MARK = ((0.3, 99.0), (0.5, 99.0), (float("inf"), 100.0))
 
 
 def core(**changes: object) -> AdaptiveCore:
@@ -27,10 +29,13 @@ def core(**changes: object) -> AdaptiveCore:
 
 def busy(inflight: int, **fields: object) -> Observation:
     """Our window full (peak = inflight), alone on the engine unless ``running`` says otherwise; ``waiting`` is
-    the capacity-waiting count unless given."""
+    the capacity-waiting count unless given, and a queue leaves one mark in a hundred unless told otherwise."""
     base: dict[str, object] = {"inflight": inflight, "inflight_peak": inflight, "running": float(inflight)}
     base.update(fields)
     base.setdefault("waiting", base.get("waiting_capacity", 0.0))
+    if float(base["waiting"]) >= 1:  # type: ignore[arg-type]
+        base.setdefault("queue_waits", ONE_MARK)
+        base.setdefault("started", 100.0)
     return Observation(**base)  # type: ignore[arg-type]
 
 
