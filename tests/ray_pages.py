@@ -44,5 +44,6 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
             info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(state.preemptions)
             ok.labels(*lv, "stop").inc(3)
-            queue.labels(*lv).observe(0.2)
+            for wait in state.queue_waits:
+                queue.labels(*lv).observe(wait)
     return generate_latest(reg)

@@ -123,6 +123,8 @@ class EngineState:
     waiting_deferred: float = 0
     kv: float = 0.1
     preemptions: float = 0
+    # Each request's queue time, observed into vllm:request_queue_time_seconds.
+    queue_waits: tuple[float, ...] = (0.2,)
 
 
 def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False, by_reason: bool = True) -> bytes:
@@ -151,7 +153,8 @@ def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False
             info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(e.preemptions)
             ok.labels(*lv, "stop").inc(3)
-            queue.labels(*lv).observe(0.2)
+            for wait in e.queue_waits:
+                queue.labels(*lv).observe(wait)
             e2e.labels(*lv).observe(1.2)
     from prometheus_client import PROCESS_COLLECTOR
 

@@ -3,8 +3,11 @@
 An :class:`Observation` is built by the controller from an :class:`EngineSnapshot` (what a signal source read:
 a live ``/metrics`` page, a Prometheus query, or the simulated engine) plus this process's own view (calls in
 flight, latencies and outcomes of its own calls since the previous poll) and the controller's clock. Counters
-arrive from the source as running totals and leave here as deltas since the previous poll, so a policy never
-has to remember totals or care about counter resets.
+arrive from the source as running totals and leave here as an :class:`Interval`: what happened since the previous
+poll (requests started and how long they waited, from the queue-time histogram's bucket deltas; preemptions;
+completions), so a policy never has to remember totals or care about counter resets. The source keeps the previous
+totals (:class:`~model_concurrency.signals.interval.IntervalMeter`); a counter that went backwards is an engine
+restart, and the interval is then unknown, never negative.
 """
 
 from __future__ import annotations
@@ -12,7 +15,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CallStats", "EngineSnapshot", "Observation", "observe"]
+__all__ = ["CallStats", "EngineSnapshot", "Interval", "Observation", "interval_between", "observe"]
+
+# ``(upper bound in seconds, cumulative count)`` pairs of a histogram, ending with ``(inf, count)``.
+Buckets = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """What the engine's counters say happened between two successful polls (deltas, never negative).
+
+    ``known`` False: some counter went backwards (an engine restarted in between), so nothing is known about the
+    interval; every delta is then None. ``started`` is the requests that left the queue (the queue-time
+    histogram's count delta) and ``queue_waits`` how long they waited, as cumulative bucket deltas.
+    """
+
+    known: bool = True
+    preemptions: float | None = None
+    completed: float | None = None
+    generation_tokens: float | None = None
+    started: float | None = None
+    queue_time_sum_s: float | None = None
+    queue_waits: Buckets | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +60,10 @@ class EngineSnapshot:
     generation_tokens_total: float | None = None
     queue_time_sum_total: float | None = None
     queue_time_count_total: float | None = None
+    # ``vllm:request_queue_time_seconds_bucket`` summed over engines by ``le``: cumulative (bound, count) pairs.
+    queue_time_buckets: Buckets | None = None
+    # Set by a source that keeps the previous totals (IntervalMeter): the interval since its previous reading.
+    interval: Interval | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +111,10 @@ class Observation:
     ``inflight_mean`` is None when nobody measured the interval (an Observation built by hand).
     ``inflight_tokens`` is the tokens (weights) our calls in flight hold at the poll; None when not measured, 0 when
     no call passed a weight. ``kv_tokens`` is the engines' KV capacity in tokens (block count × block size).
+
+    ``started`` and ``queue_waits`` are the interval's requests that left the engine's queue and how long they
+    waited (cumulative bucket deltas; :meth:`waited_over` reads them). ``interval_known`` False: an engine restarted
+    since the previous poll, so every counter-derived field is None (``preemptions`` 0).
     """
 
     ok: bool = True
@@ -96,6 +128,9 @@ class Observation:
     completed: float | None = None
     generation_tokens: float | None = None
     queue_time_mean_s: float | None = None
+    started: float | None = None
+    queue_waits: Buckets | None = None
+    interval_known: bool = True
     inflight: int = 0
     inflight_peak: int = 0
     inflight_mean: float | None = None
@@ -113,12 +148,57 @@ class Observation:
         if self.inflight_peak < self.inflight:
             object.__setattr__(self, "inflight_peak", self.inflight)
 
+    def waited_over(self, seconds: float) -> float | None:
+        """The fraction of the interval's started requests that waited longer than ``seconds`` in the queue.
+
+        Read at the largest bucket bound not above ``seconds`` (the smallest bound if none is), so between bounds
+        it counts a little more than the exact fraction. None when nothing started or the histogram is absent.
+        """
+        waits = self.queue_waits
+        if not waits or not waits[-1][1]:
+            return None
+        below = [count for bound, count in waits if bound <= seconds] or [waits[0][1]]
+        return max(0.0, waits[-1][1] - below[-1]) / waits[-1][1]
+
+
+class _Backwards(Exception):
+    """A counter went down between two readings: the engine restarted."""
+
 
 def _delta(now: float | None, before: float | None) -> float | None:
     if now is None or before is None:
         return None
-    # A counter that went down was reset (engine restart): count from zero rather than report a negative delta.
-    return now - before if now >= before else now
+    if now < before:
+        raise _Backwards
+    return now - before
+
+
+def _bucket_deltas(now: Buckets | None, before: Buckets | None) -> Buckets | None:
+    if now is None or before is None or [b for b, _ in now] != [b for b, _ in before]:
+        return None  # absent, or the bounds changed (a different release): no comparable interval
+    return tuple((bound, _delta(count, old) or 0.0) for (bound, count), (_, old) in zip(now, before, strict=True))
+
+
+def interval_between(previous: EngineSnapshot | None, snapshot: EngineSnapshot) -> Interval | None:
+    """The interval from ``previous`` to ``snapshot`` (None before the first pair of readings).
+
+    A counter that went backwards (an engine restart) makes the interval unknown (``known=False``), never
+    negative and never counted from zero: the restarted engine's total is not what happened since the last poll.
+    """
+    if previous is None:
+        return None
+    try:
+        q_sum = _delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
+        return Interval(
+            preemptions=_delta(snapshot.preemptions_total, previous.preemptions_total),
+            completed=_delta(snapshot.success_total, previous.success_total),
+            generation_tokens=_delta(snapshot.generation_tokens_total, previous.generation_tokens_total),
+            started=_delta(snapshot.queue_time_count_total, previous.queue_time_count_total),
+            queue_time_sum_s=q_sum if q_sum is None or math.isfinite(q_sum) else None,
+            queue_waits=_bucket_deltas(snapshot.queue_time_buckets, previous.queue_time_buckets),
+        )
+    except _Backwards:
+        return Interval(known=False)
 
 
 def observe(
@@ -134,7 +214,9 @@ def observe(
 ) -> Observation:
     """Combine a source's reading with this process's own view into an Observation.
 
-    ``snapshot=None`` is a failed poll: the Observation carries only the client's own figures and ``ok=False``.
+    The interval is the one the source measured (``snapshot.interval``), else the one from ``previous`` (for a
+    source that keeps no totals). ``snapshot=None`` is a failed poll: the Observation carries only the client's own
+    figures and ``ok=False``.
     """
     calls = calls or CallStats()
     client = {
@@ -152,15 +234,9 @@ def observe(
     if snapshot is None:
         return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]
     waiting_capacity = snapshot.waiting if snapshot.waiting_capacity is None else snapshot.waiting_capacity
-    preemptions = completed = generated = queue_mean = None
-    if previous is not None:
-        preemptions = _delta(snapshot.preemptions_total, previous.preemptions_total)
-        completed = _delta(snapshot.success_total, previous.success_total)
-        generated = _delta(snapshot.generation_tokens_total, previous.generation_tokens_total)
-        q_sum = _delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
-        q_count = _delta(snapshot.queue_time_count_total, previous.queue_time_count_total)
-        if q_sum is not None and q_count and math.isfinite(q_sum):
-            queue_mean = q_sum / q_count
+    interval = snapshot.interval if snapshot.interval is not None else interval_between(previous, snapshot)
+    interval = interval or Interval()
+    q_sum, started = interval.queue_time_sum_s, interval.started
     return Observation(
         ok=True,
         running=snapshot.running,
@@ -169,10 +245,13 @@ def observe(
         kv_cache_usage=snapshot.kv_cache_usage,
         kv_num_blocks=snapshot.kv_num_blocks,
         kv_tokens=snapshot.kv_tokens,
-        preemptions=preemptions or 0.0,
-        completed=completed,
-        generation_tokens=generated,
-        queue_time_mean_s=queue_mean,
+        preemptions=interval.preemptions or 0.0,
+        completed=interval.completed,
+        generation_tokens=interval.generation_tokens,
+        queue_time_mean_s=q_sum / started if q_sum is not None and started else None,
+        started=started,
+        queue_waits=interval.queue_waits,
+        interval_known=interval.known,
         inflight=inflight,
         time=time,
         **client,  # type: ignore[arg-type]

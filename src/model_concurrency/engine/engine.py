@@ -10,6 +10,7 @@ engine, the snapshot of its signals — and the SimPy process that alternates sc
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
+from itertools import accumulate
 from typing import Any
 
 import simpy
@@ -19,10 +20,10 @@ from model_concurrency.engine.bookkeeping import Signals
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
 from model_concurrency.engine.scheduler import Scheduler
-from model_concurrency.engine.stats import EngineStats
-from model_concurrency.observation import EngineSnapshot
+from model_concurrency.engine.stats import REQUEST_LATENCY_BUCKETS, EngineStats
+from model_concurrency.observation import Buckets, EngineSnapshot
 
-__all__ = ["Engine", "EngineDownError", "RequestTooLargeError", "combine_signals", "snapshot_of"]
+__all__ = ["Engine", "EngineDownError", "RequestTooLargeError", "combine_signals", "queue_buckets", "snapshot_of"]
 
 _NEW = RequestState.NEW
 _FRONTEND = RequestState.FRONTEND
@@ -30,10 +31,12 @@ _WAITING = RequestState.WAITING
 _PREFILL = RequestState.PREFILL
 _DECODE = RequestState.DECODE
 _FINISHED = RequestState.FINISHED
+# The queue-time histogram's bounds as a page prints them (``le``), +Inf last.
+_QUEUE_BOUNDS = (*REQUEST_LATENCY_BUCKETS, float("inf"))
 
 
-def snapshot_of(signals: Signals) -> EngineSnapshot:
-    """The snapshot of an engine's (or a sum of engines') :data:`Signals`."""
+def snapshot_of(signals: Signals, waits: Buckets | None = None) -> EngineSnapshot:
+    """The snapshot of an engine's (or a sum of engines') :data:`Signals` and queue-time buckets."""
     running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count = signals
     return EngineSnapshot(
         running=running,
@@ -47,7 +50,16 @@ def snapshot_of(signals: Signals) -> EngineSnapshot:
         generation_tokens_total=generated,
         queue_time_sum_total=queue_sum,
         queue_time_count_total=queue_count,
+        queue_time_buckets=waits,
     )
+
+
+def queue_buckets(engines: Iterable[Engine]) -> Buckets:
+    """The engines' queue-time histograms summed by bound, as cumulative pairs (what a page's buckets sum to).
+
+    Kept out of :data:`Signals`, which the balancer reads at every step: the buckets are read only by a poll."""
+    per_bound = [sum(column) for column in zip(*(e.queue_counts() for e in engines), strict=True)]
+    return tuple(zip(_QUEUE_BOUNDS, map(float, accumulate(per_bound)), strict=True))
 
 
 def combine_signals(signals: Iterable[Signals]) -> Signals:
@@ -308,7 +320,12 @@ class Engine(Scheduler):
         """This engine's signals, exactly as ``parse_vllm_metrics`` reads them from :func:`render_metrics`."""
         if not self.up:
             raise EngineDownError(f"engine {self.label} of {self.model_name} is down")
-        return snapshot_of(self.signals())
+        return snapshot_of(self.signals(), queue_buckets([self]))
+
+    def queue_counts(self) -> list[int]:
+        """The queue-time histogram's per-bucket counts (not cumulative), every finished request folded in."""
+        self.signals()  # folds the deferred observations unless nothing changed since the last fold
+        return self._stats.queue_time.counts
 
     def signals(self) -> Signals:
         """What :meth:`snapshot` reports, as a tuple (:data:`Signals`), kept until something it reports changes.

@@ -24,11 +24,18 @@ from prometheus_client import generate_latest
 from simpy.events import Timeout
 
 from model_concurrency.engine.bookkeeping import Signals
-from model_concurrency.engine.engine import Engine, EngineDownError, RequestTooLargeError, combine_signals, snapshot_of
+from model_concurrency.engine.engine import (
+    Engine,
+    EngineDownError,
+    RequestTooLargeError,
+    combine_signals,
+    queue_buckets,
+    snapshot_of,
+)
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import ABORT, Request, RequestState
-from model_concurrency.observation import EngineSnapshot
+from model_concurrency.observation import Buckets, EngineSnapshot
 
 __all__ = ["Fleet", "Server", "combine_snapshots"]
 
@@ -61,6 +68,7 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         return acc
 
     kv_values = [s.kv_cache_usage for s in items if s.kv_cache_usage is not None]
+    waits = [s.queue_time_buckets for s in items if s.queue_time_buckets is not None]
     blocks = [s.kv_num_blocks for s in items if s.kv_num_blocks is not None]
     kv_tokens = [s.kv_tokens for s in items if s.kv_tokens is not None]
     return EngineSnapshot(
@@ -75,7 +83,20 @@ def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         generation_tokens_total=total("generation_tokens_total"),
         queue_time_sum_total=total("queue_time_sum_total"),
         queue_time_count_total=total("queue_time_count_total"),
+        queue_time_buckets=add_buckets(waits) if waits else None,
     )
+
+
+def add_buckets(histograms: list[Buckets]) -> Buckets | None:
+    """Cumulative histograms summed bound by bound, as the parser sums engines (None if the bounds differ)."""
+    first = histograms[0]
+    bounds = [bound for bound, _ in first]
+    if any([bound for bound, _ in h] != bounds for h in histograms[1:]):
+        return None
+    totals = [0.0] * len(first)
+    for h in histograms:
+        totals = [acc + count for acc, (_, count) in zip(totals, h, strict=True)]
+    return tuple(zip(bounds, totals, strict=True))
 
 
 def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
@@ -87,6 +108,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
     running = waiting = waiting_capacity = preemptions = success = generated = queue_sum = queue_count = 0.0
     kv_usage: float | None = None
     blocks = tokens = 0
+    waits: list[Buckets] = []
     for s in items:
         kv = s.kv_cache_usage
         s_blocks = s.kv_num_blocks
@@ -97,6 +119,9 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
         s_generated = s.generation_tokens_total
         s_queue_sum = s.queue_time_sum_total
         s_queue_count = s.queue_time_count_total
+        if s.queue_time_buckets is None:
+            return None
+        waits.append(s.queue_time_buckets)
         if (
             kv is None
             or s_blocks is None
@@ -135,6 +160,7 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
         generation_tokens_total=generated,
         queue_time_sum_total=queue_sum,
         queue_time_count_total=queue_count,
+        queue_time_buckets=add_buckets(waits),
     )
 
 
@@ -368,7 +394,7 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        return snapshot_of(self.signals())
+        return snapshot_of(self.signals(), queue_buckets(e for e in self.engines if e.up))
 
     def signals(self) -> Signals:
         """:meth:`snapshot`'s values, kept until an engine of this server changes (``Engine._stale`` drops them)."""
@@ -472,7 +498,10 @@ class Fleet:
 
     def snapshot(self) -> EngineSnapshot:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
-        return snapshot_of(combine_signals([s.signals() for s in self.replicas if s.up]))
+        up = [s for s in self.replicas if s.up]
+        return snapshot_of(
+            combine_signals([s.signals() for s in up]), queue_buckets(e for s in up for e in s.engines if e.up)
+        )
 
     def render_metrics(self, replica: int) -> str:
         return self.replicas[replica].render_metrics()

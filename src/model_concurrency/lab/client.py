@@ -43,6 +43,7 @@ from model_concurrency.gate.limiter import LimiterCore, UsageMeter
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import poll_step
+from model_concurrency.signals.interval import IntervalMeter
 
 __all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
 
@@ -200,6 +201,8 @@ class SimClient:
         self.usage = UsageMeter(env.now)
         self._units: dict[int, int] = {}  # id(request) -> the units it holds
         self.calls = CallRecorder()
+        # This client's previous reading: the interval since its last poll, as a live source keeps it.
+        self.meter = IntervalMeter()
         self.started = 0
         self.completed = 0
         self.errors = 0
@@ -389,7 +392,7 @@ class SimClient:
             snapshot = None if self.engine_signals else EngineSnapshot()
             if self.engine_signals and self.metrics_up():
                 try:
-                    snapshot = self.target.snapshot()
+                    snapshot = self.meter.advance(self.target.snapshot())
                 except ConnectionError:
                     snapshot = None
             poll_step(core, self.calls.drain(), self.usage.take(now), now, snapshot, "metrics unavailable")

@@ -48,6 +48,7 @@ from model_concurrency.lab.world import phases, preset_for
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.runtime import ModelRuntime, forget_runtime, install_runtime
+from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
 __all__ = ["Comparison", "Side", "compare", "live_sweep", "run_lab", "run_live", "side_figures", "summary_line"]
@@ -139,6 +140,7 @@ class AsgiMetricsSource:
         self.loop = loop
         self.served_model_name = served_model_name
         self.poll_times: list[float] = []
+        self.meter = IntervalMeter()
 
     @property
     def description(self) -> str:
@@ -148,7 +150,7 @@ class AsgiMetricsSource:
         self.poll_times.append(self.loop.time())
         response = await self.client.get("/metrics")
         response.raise_for_status()
-        return parse_vllm_metrics(response.text, self.served_model_name)
+        return self.meter.advance(parse_vllm_metrics(response.text, self.served_model_name))
 
     def read(self) -> EngineSnapshot:
         return asyncio.run_coroutine_threadsafe(self.aread(), self.loop).result(timeout=60)

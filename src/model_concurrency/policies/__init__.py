@@ -1,7 +1,8 @@
 """Policies: pure decisions from an Observation to the next concurrency target.
 
-Built-ins (docs/policies.md): ``adaptive`` (the production default), ``aimd``, ``seed-aimd`` (the original rules,
-flaws kept), ``aimd-slowstart``, ``queue``, ``gradient``, ``setpoint``, ``capacity`` and ``static``.
+Built-ins (docs/policies.md): ``adaptive`` (the production default), ``adaptive-core`` (issue 22's small core),
+``aimd``, ``seed-aimd`` (the original rules, flaws kept), ``aimd-slowstart``, ``queue``, ``gradient``,
+``setpoint``, ``capacity`` and ``static``.
 :func:`load_policy` builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.
 """
 
@@ -10,6 +11,7 @@ from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
 from model_concurrency.policies.base import Policy, Target
 from model_concurrency.policies.capacity import Capacity
+from model_concurrency.policies.core import AdaptiveCore
 from model_concurrency.policies.gradient import Gradient
 from model_concurrency.policies.queue import QueuePolicy
 from model_concurrency.policies.registry import (
@@ -29,6 +31,7 @@ __all__ = [
     "BUILTIN_POLICIES",
     "AIMDSlowStart",
     "Adaptive",
+    "AdaptiveCore",
     "Capacity",
     "Gradient",
     "Policy",

@@ -41,6 +41,7 @@ from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
 from model_concurrency.policies.base import Policy
 from model_concurrency.policies.capacity import Capacity
+from model_concurrency.policies.core import AdaptiveCore
 from model_concurrency.policies.gradient import Gradient
 from model_concurrency.policies.peers import AIBrix, BatchGatewayAIMD, LlmdAIMD, QueueTimeAIMD
 from model_concurrency.policies.queue import QueuePolicy
@@ -76,6 +77,8 @@ BUILTIN_POLICIES: dict[str, Callable[..., Policy]] = {
     "setpoint": Setpoint,
     "capacity": Capacity,
     "adaptive": Adaptive,
+    # The small core of issue 22 (policies/core.py), beside the default until the generator says it is better.
+    "adaptive-core": AdaptiveCore,
     "static": Static,
     # The direct peers (policies/peers.py), from their published rules.
     "aibrix": AIBrix,

@@ -4,9 +4,9 @@ Behind a load balancer, ``/metrics`` reaches one replica per scrape, so the sum 
 Prometheus server that scrapes every replica. Three instant queries per poll, through the same guarded fetch as a
 ``/metrics`` scrape (caps, deadline, no cross-origin redirects):
 
-* ``sum by (__name__, reason) ({__name__=~"<counts and counters>", model_name="<served>"})``: running, waiting,
-  waiting by reason, preemptions, successes, generated tokens, queue-time sum and count, summed over replicas
-  and engines;
+* ``sum by (__name__, reason, le) ({__name__=~"<counts and counters>", model_name="<served>"})``: running,
+  waiting, waiting by reason, preemptions, successes, generated tokens, queue-time sum, count and buckets, summed
+  over replicas and engines;
 * ``max by (__name__) ({__name__=~"<kv gauges>", model_name="<served>"})``: the most loaded engine's KV usage;
 * ``{__name__=~"<cache_config_info>"} and on (instance) <running of the served model>``: each engine's KV pool
   (block count and size are labels, so the series are read one by one and summed here). The join keeps the info
@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 import httpx
 
 from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
     CACHE_CONFIG,
     GENERATION,
     KV_USAGE,
     PREEMPTIONS,
+    QUEUE_BUCKET,
     QUEUE_COUNT,
     QUEUE_SUM,
     RAY_BARE_COUNTERS,
@@ -44,6 +46,7 @@ from model_concurrency.signals.vllm import (
     MetricsError,
     accumulate,
     add_cache_config,
+    add_queue_bucket,
     check_plausible,
     prefer_total_counters,
     ray_forms,
@@ -54,7 +57,7 @@ from model_concurrency.signals.vllm import (
 __all__ = ["PrometheusSource", "promql_string"]
 
 Vector = list[tuple[dict[str, str], float]]
-_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT)
+_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT, QUEUE_BUCKET)
 
 
 def promql_string(value: str) -> str:
@@ -98,9 +101,13 @@ def _snapshot(summed: Vector, maxed: Vector, pools: Vector | None = None, served
     if len(ray_forms) > 1:
         raise MetricsError("prometheus holds the model both as vllm: and as ray_vllm_ series")
     bare: dict[str, float] = {}
+    buckets: dict[float, float] = {}
     for labels, value in summed:
         raw_name = labels.get("__name__", "")
         name = vllm_name(raw_name)
+        if name == QUEUE_BUCKET:
+            add_queue_bucket(buckets, labels, check_plausible(name, value))
+            continue
         into = bare if raw_name in RAY_BARE_COUNTERS else totals
         capacity = accumulate(into, name, labels, check_plausible(name, value), capacity)
     if RUNNING not in totals:
@@ -113,7 +120,7 @@ def _snapshot(summed: Vector, maxed: Vector, pools: Vector | None = None, served
         model = labels.get("model_name")
         if model is None or model == served:
             blocks, tokens = add_cache_config(labels, blocks, tokens)
-    return snapshot_from_totals(totals, capacity, max(kv) if kv else None, blocks, tokens)
+    return snapshot_from_totals(totals, capacity, max(kv) if kv else None, blocks, tokens, buckets)
 
 
 @dataclass(slots=True)
@@ -123,6 +130,8 @@ class PrometheusSource:
     prometheus_url: str
     served_model_name: str
     limits: ScrapeLimits = field(default_factory=ScrapeLimits)
+    # The previous reading's totals: each snapshot read carries the interval since it (signals/interval.py).
+    meter: IntervalMeter = field(default_factory=IntervalMeter, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_metrics_url(self.prometheus_url)
@@ -134,7 +143,7 @@ class PrometheusSource:
     def queries(self) -> tuple[str, str, str]:
         served = self.served_model_name
         return (
-            f"sum by (__name__, reason) ({_selector(_SUMMED, served)})",
+            f"sum by (__name__, reason, le) ({_selector(_SUMMED, served)})",
             f"max by (__name__) ({_selector(KV_USAGE, served)})",
             f'{{__name__=~"{_names((CACHE_CONFIG,))}"}} and on (instance) {_selector((RUNNING,), served)}',
         )
@@ -145,8 +154,8 @@ class PrometheusSource:
 
     def read(self) -> EngineSnapshot:
         summed, maxed, pools = (_vector(fetch_text(self._url(q), limits=self.limits)) for q in self.queries())
-        return _snapshot(summed, maxed, pools, self.served_model_name)
+        return self.meter.advance(_snapshot(summed, maxed, pools, self.served_model_name))
 
     async def aread(self) -> EngineSnapshot:
         summed, maxed, pools = [_vector(await afetch_text(self._url(q), limits=self.limits)) for q in self.queries()]
-        return _snapshot(summed, maxed, pools, self.served_model_name)
+        return self.meter.advance(_snapshot(summed, maxed, pools, self.served_model_name))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, fetch_text, origin_of
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
@@ -38,6 +39,8 @@ class VllmMetricsSource:
     api_key: str | None = field(default=None, repr=False)
     token_origin: tuple[str, str, int | None] | None = None
     limits: ScrapeLimits = field(default_factory=ScrapeLimits)
+    # The previous reading's totals: each snapshot read carries the interval since it (signals/interval.py).
+    meter: IntervalMeter = field(default_factory=IntervalMeter, repr=False, compare=False)
 
     @classmethod
     def for_model(
@@ -63,13 +66,13 @@ class VllmMetricsSource:
 
     def read(self) -> EngineSnapshot:
         text = fetch_text(self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits)
-        return parse_vllm_metrics(text, self.served_model_name)
+        return self.meter.advance(parse_vllm_metrics(text, self.served_model_name))
 
     async def aread(self) -> EngineSnapshot:
         text = await afetch_text(
             self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
         )
-        return parse_vllm_metrics(text, self.served_model_name)
+        return self.meter.advance(parse_vllm_metrics(text, self.served_model_name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ __all__ = [
     "MetricsError",
     "accumulate",
     "add_cache_config",
+    "add_queue_bucket",
     "check_plausible",
     "parse_vllm_metrics",
     "prefer_total_counters",
@@ -55,8 +56,12 @@ SUCCESS = "vllm:request_success_total"
 GENERATION = "vllm:generation_tokens_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+QUEUE_BUCKET = "vllm:request_queue_time_seconds_bucket"
 
-_WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT}
+_WANTED = {
+    RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT,
+    QUEUE_BUCKET,
+}  # fmt: skip
 
 RAY_PREFIX = "ray_"
 
@@ -121,6 +126,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     kv_blocks: int | None = None
     kv_tokens: int | None = None
     waiting_capacity: float | None = None
+    buckets: dict[float, float] = {}  # queue-time histogram, summed over engines by bound
     forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
     for raw_name, labels, value in _samples(text):
         name = vllm_name(raw_name)
@@ -146,12 +152,33 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
             kv_usage = value if kv_usage is None else max(kv_usage, value)
             continue
         check_plausible(name, value)
+        if name == QUEUE_BUCKET:
+            add_queue_bucket(buckets, labels, value)
+            continue
         summed = bare if raw_name in RAY_BARE_COUNTERS else totals
         waiting_capacity = accumulate(summed, name, labels, value, waiting_capacity)
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
     prefer_total_counters(totals, bare)
-    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens)
+    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens, buckets)
+
+
+def add_queue_bucket(buckets: dict[float, float], labels: dict[str, str], value: float) -> None:
+    """Add one engine's queue-time bucket (cumulative count at bound ``le``) to the sum over engines.
+
+    A bucket without a readable ``le`` is a broken exporter: the poll fails rather than guess which bound it is."""
+    try:
+        bound = float(labels["le"])
+    except (KeyError, ValueError):
+        raise MetricsError(f"queue-time bucket without a numeric le label: {labels}") from None
+    buckets[bound] = buckets.get(bound, 0.0) + value
+
+
+def queue_buckets(buckets: dict[float, float]) -> tuple[tuple[float, float], ...] | None:
+    """The summed queue-time buckets as sorted cumulative pairs; None unless they end with ``+Inf``."""
+    if not buckets or max(buckets) != math.inf:
+        return None
+    return tuple(sorted(buckets.items()))
 
 
 def add_cache_config(labels: dict[str, str], blocks: int | None, tokens: int | None) -> tuple[int | None, int | None]:
@@ -190,6 +217,7 @@ def snapshot_from_totals(
     kv_usage: float | None,
     kv_blocks: int | None,
     kv_tokens: int | None = None,
+    buckets: dict[float, float] | None = None,
 ) -> EngineSnapshot:
     """The snapshot a page or a PromQL answer adds up to (``totals`` must hold the running series)."""
     return EngineSnapshot(
@@ -204,4 +232,5 @@ def snapshot_from_totals(
         generation_tokens_total=totals.get(GENERATION),
         queue_time_sum_total=totals.get(QUEUE_SUM),
         queue_time_count_total=totals.get(QUEUE_COUNT),
+        queue_time_buckets=queue_buckets(buckets or {}),
     )
