@@ -29,6 +29,7 @@ __all__ = [
     "load_config",
     "register_model",
     "registered_models",
+    "registration",
     "setting",
     "spec_fields",
     "spec_from_table",
@@ -170,6 +171,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _explicit: dict[str, ModelSpec] = {}
 _from_file: dict[str, ModelSpec] = {}
 _loaded_path: str | None = None
+_generations: dict[str, int] = {}  # register_model calls per name (registration())
 
 
 def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
@@ -210,7 +212,7 @@ def register_model(
     api_key: str | None = None,
     policy: str | Policy | None = None,
 ) -> ModelSpec:
-    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use."""
+    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use (:func:`registration`)."""
     spec = _make_spec(
         name,
         base_url=base_url,
@@ -225,10 +227,17 @@ def register_model(
     )
     with _lock:
         _explicit[name] = spec
-    from model_concurrency.runtime import forget_runtime
-
-    forget_runtime(name)
+        _generations[name] = _generations.get(name, 0) + 1
     return spec
+
+
+def registration(name: str) -> int:
+    """How many times ``name`` was registered by :func:`register_model` (0: never).
+
+    The registry knows no runtime: a runtime remembers this number when it is built and is rebuilt on its next
+    use once the number moved, so re-registering a model (even with the same spec) starts it afresh.
+    """
+    return _generations.get(name, 0)
 
 
 def spec_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from model_concurrency import config, telemetry
+from model_concurrency import config
 from model_concurrency.config import get_model, registered_models, setting
 from model_concurrency.runtime import (
     ModelRuntime,
@@ -28,6 +28,7 @@ from model_concurrency.runtime import (
     runtime_for,
     target_or_floor,
 )
+from model_concurrency.state import RuntimeState
 
 __all__ = [
     "adaptive_capacity",
@@ -125,34 +126,22 @@ async def aresolve_capacity(model: str | None) -> int:
 
 
 def get_utilization(model: str | None) -> dict[str, Any]:
-    """What the controller last saw and decided for ``model``; a static view when no controller applies."""
+    """What the controller last saw and decided for ``model``; a static view when no controller applies.
+
+    Either way the same keys: the :class:`~model_concurrency.state.RuntimeState` the model's runtime publishes,
+    as a dict."""
     spec = get_model(model)
     floor = spec.static_capacity if spec is not None else 1
     runtime = controller_for(model, floor)
     if runtime is not None:
-        return telemetry.snapshot(runtime)
-    name = spec.name if spec is not None else model
-    ceiling = max(floor, setting(*config.MAX_CONCURRENCY))
-    return {
-        "model": name,
-        "served_model_name": spec.served_name if spec else None,
-        "running": None,
-        "waiting": None,
-        "waiting_capacity": None,
-        "kv_cache_usage": None,
-        "inflight": 0,
-        "current_target": floor,
-        "floor": floor,
-        "ceiling": ceiling,
-        "metrics_ok": None,
-        "saturated": False,
-        "last_poll": None,
-        "consecutive_failures": 0,
-        "last_error": None,
-        "metrics_url": spec.resolved_metrics_url if spec else None,
-        "policy": "static",
-        "adaptive": False,
-    }
+        return runtime.state().as_dict()
+    return RuntimeState.static(
+        spec.name if spec is not None else model,
+        served_model_name=spec.served_name if spec else None,
+        floor=floor,
+        ceiling=setting(*config.MAX_CONCURRENCY),
+        metrics_url=spec.resolved_metrics_url if spec else None,
+    ).as_dict()
 
 
 def get_all_utilization() -> dict[str, dict[str, Any]]:

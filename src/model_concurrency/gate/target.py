@@ -118,9 +118,11 @@ class Target:
         return self._apply(self.runtime.current)
 
     def _apply(self, read: Callable[[], int]) -> int:
-        target = max(1, int(target_or_floor(self.model, self.runtime.floor, read)))
-        self.limiter.resize(target)
-        self.runtime.apply_budget()
+        """Read the target (``read`` may run a due poll), have the runtime apply it, and size the workers.
+
+        The runtime is the limiter's one writer (under its lock); a fan-out only reads."""
+        target_or_floor(self.model, self.runtime.floor, read)
+        target = target_or_floor(self.model, self.runtime.floor, self.runtime.apply_limits)
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
         self.next_at = self.runtime.clock() + REFRESH_S
