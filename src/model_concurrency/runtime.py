@@ -172,7 +172,7 @@ class ModelRuntime:
         self.clock = clock
         chosen = policy if policy is not None else _policy_for(spec)
         self.source = source if source is not None else _default_source(spec, chosen)
-        self.core = ControllerCore(policy=chosen)
+        self.core = ControllerCore(policy=chosen, name=self.name)
         self.calls = CallRecorder()
         self._floor_override = floor
         self._lock = threading.Lock()
@@ -259,7 +259,9 @@ class ModelRuntime:
         if not self.adaptive:
             return self.floor
         with self._lock:
-            self.core.note_throttled(self.limiter.inflight())
+            self.core.note_throttled(self.limiter.inflight(), self.clock())
+            self.published = self._state_locked()
+            telemetry.publish(self.published, polled=False)
         self.apply_limits()
         return self.current()
 
@@ -281,7 +283,7 @@ class ModelRuntime:
 
     def _state_locked(self) -> RuntimeState:
         core = self.core
-        obs = core.last_observation
+        obs, decision = core.last_observation, core.last_decision
         good = obs if (obs is not None and obs.ok) else None
         return RuntimeState(
             model=self.name,
@@ -304,6 +306,8 @@ class ModelRuntime:
             metrics_url=self.source.description if self.source is not None else None,
             policy=type(core.policy).__name__,
             adaptive=True,
+            limited_by=decision.limited_by if decision is not None else None,
+            last_decision=str(decision) if decision is not None else None,
         )
 
     def _refresh_knobs(self) -> None:

@@ -43,6 +43,10 @@ class RuntimeState:
     metrics_url: str | None = None
     policy: str = "static"
     adaptive: bool = False
+    # What holds the target back (decision.LIMITS: ceiling, guard, saturation, app-limited, throttled, floor), or
+    # None while it grows freely; and the last decision in short ("16 -> 24: policy").
+    limited_by: str | None = None
+    last_decision: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""

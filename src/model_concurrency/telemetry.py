@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
 
+from model_concurrency.decision import LIMITS
 from model_concurrency.state import RuntimeState
 
 __all__ = ["Publisher", "publish", "snapshot"]
@@ -28,6 +29,12 @@ TOKEN_BUDGET = Gauge(
 INFLIGHT_TOKENS = Gauge("model_concurrency_inflight_tokens", "Tokens this process's weighted calls hold", _LABELS)
 SATURATED = Gauge("model_concurrency_saturated", "1 when the last poll saw capacity-waiting requests", _LABELS)
 METRICS_OK = Gauge("model_concurrency_metrics_ok", "1 when the last metrics poll succeeded", _LABELS)
+LIMITED_BY = Gauge(
+    "model_concurrency_limited_by",
+    "1 for what holds the target back now (decision.py: ceiling, guard, saturation, app-limited, throttled, floor); "
+    "all 0 while it grows freely",
+    (*_LABELS, "reason"),
+)
 POLLS = Counter("model_concurrency_polls", "Metrics polls by outcome", (*_LABELS, "outcome"))
 
 
@@ -50,6 +57,8 @@ def publish(state: RuntimeState, *, polled: bool = True) -> None:
     INFLIGHT_TOKENS.labels(model).set(state.inflight_tokens)
     SATURATED.labels(model).set(1 if state.saturated else 0)
     METRICS_OK.labels(model).set(1 if state.metrics_ok else 0)
+    for reason in LIMITS:
+        LIMITED_BY.labels(model, reason).set(1 if state.limited_by == reason else 0)
     if polled:
         POLLS.labels(model, "ok" if state.metrics_ok else "failed").inc()
 
