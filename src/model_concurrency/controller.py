@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
-from model_concurrency.decision import Decision, describe_observation, limited_by_policy
+from model_concurrency.decision import Decision, limited_by_policy
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
@@ -217,7 +217,7 @@ class ControllerCore:
         before = self.target
         rule, limited_by = self._apply(obs, reason)
         self._schedule_after(started)
-        return self._record(Decision(obs.time, before, self.target, rule, limited_by, describe_observation(obs)))
+        return self._record(Decision(obs.time, before, self.target, rule, limited_by, obs))
 
     def _record(self, decision: Decision) -> Decision:
         """Keep ``decision`` as the last one and log it: one INFO line per decision (``-v``)."""

@@ -42,7 +42,14 @@ class Decision:
     target: int
     rule: str  # the rule that fired, in words ("policy", "growth guard", "grace 1/3", "throttle cut", ...)
     limited_by: str | None  # one of LIMITS, or None while growing freely
-    observation: str  # the figures behind it (describe_observation)
+    # The figures behind it: the poll's Observation (formatted only when read: the lab makes millions of these),
+    # or a sentence for a decision between polls.
+    basis: Observation | str
+
+    @property
+    def observation(self) -> str:
+        """The figures behind the decision, in one clause (describe_observation)."""
+        return self.basis if isinstance(self.basis, str) else describe_observation(self.basis)
 
     def __str__(self) -> str:
         """The short form (``get_utilization(...)["last_decision"]``): ``"16 -> 24: policy"`` plus the limit."""
