@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from model_concurrency import config, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
+from model_concurrency.health import Health, HealthWatch, fallback_kind
 from model_concurrency.observation import CallStats, EngineSnapshot, observe
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
@@ -185,6 +186,8 @@ class ModelRuntime:
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
+        self._watch = HealthWatch(self.name)
+        self.health = Health()
         self._refresh_knobs()
         from model_concurrency.gate.model_limiter import ModelLimiter
 
@@ -308,6 +311,10 @@ class ModelRuntime:
             adaptive=True,
             limited_by=decision.limited_by if decision is not None else None,
             last_decision=str(decision) if decision is not None else None,
+            fallback=self.health.fallback,
+            signal_stale=self.health.signal_stale,
+            limit_unreached=self.health.limit_unreached,
+            counter_resets=self.health.counter_resets,
         )
 
     def _refresh_knobs(self) -> None:
@@ -420,26 +427,39 @@ class ModelRuntime:
                 reason = None
                 if snapshot is None:
                     reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
+                previous, limit = self.core.last_snapshot, self.limiter.limit
                 try:
                     poll_step(self.core, self.calls.drain(), usage, now, snapshot, reason)
                 except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
                     log.exception("model %s: the poll step failed", self.name)
                     snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"
                     self.core.fail(now, reason, inflight=usage.inflight)
-                if snapshot is None:
-                    log.warning(
-                        "model %s: metrics poll failed (%s); %d consecutive, target %d",
-                        self.name,
-                        reason,
-                        self.core.consecutive_failures,
-                        self.core.target,
-                    )
+                self._judge_health(snapshot, previous, limit, reason)
                 self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
                 self.published = self._state_locked()
                 telemetry.publish(self.published)
             finally:
                 self._polling = False
         self.apply_limits()
+
+    def _judge_health(
+        self, snapshot: EngineSnapshot | None, previous: EngineSnapshot | None, limit: int, reason: str | None
+    ) -> None:
+        """The failure states after a poll (health.py): fields of the state, metrics, a line when one changes."""
+        core = self.core
+        fallback = fallback_kind(
+            core.last_ok, core.consecutive_failures, core.effective_grace_polls, core.outage_floored
+        )
+        self.health = self._watch.judge(
+            fallback=fallback,
+            obs=core.last_observation,
+            limit=limit,
+            target=core.target,
+            snapshot=snapshot,
+            previous=previous,
+            failures=core.consecutive_failures,
+            reason=reason,
+        )
 
     def _poll_blocking(self) -> None:
         assert self.source is not None

@@ -47,6 +47,12 @@ class RuntimeState:
     # None while it grows freely; and the last decision in short ("16 -> 24: policy").
     limited_by: str | None = None
     last_decision: str | None = None
+    # Failures that show (health.py): a fallback in use ("grace", "handover", "floor"), a page that stopped moving,
+    # a limit nothing reaches (the gate open in effect), and engine restarts seen (counters that went backwards).
+    fallback: str | None = None
+    signal_stale: bool = False
+    limit_unreached: bool = False
+    counter_resets: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Gauge
 
 from model_concurrency.decision import LIMITS
+from model_concurrency.health import FALLBACKS
 from model_concurrency.state import RuntimeState
 
 __all__ = ["Publisher", "publish", "snapshot"]
@@ -34,6 +35,25 @@ LIMITED_BY = Gauge(
     "1 for what holds the target back now (decision.py: ceiling, guard, saturation, app-limited, throttled, floor); "
     "all 0 while it grows freely",
     (*_LABELS, "reason"),
+)
+FALLBACK = Gauge(
+    "model_concurrency_fallback",
+    "1 for the fallback in use: grace (last good target held), handover (held while our calls look healthy), "
+    "floor (fail-safe); all 0 when the last poll was good",
+    (*_LABELS, "kind"),
+)
+SIGNAL_STALE = Gauge(
+    "model_concurrency_signal_stale", "1 when the metrics page stopped moving while our calls completed", _LABELS
+)
+LIMIT_UNREACHED = Gauge(
+    "model_concurrency_limit_unreached",
+    "1 when in flight stayed below the limit for many polls: the gate limits nothing",
+    _LABELS,
+)
+COUNTER_RESETS = Gauge(
+    "model_concurrency_counter_resets",
+    "Engine counters seen going backwards (engine restarts) since this process started polling the model",
+    _LABELS,
 )
 POLLS = Counter("model_concurrency_polls", "Metrics polls by outcome", (*_LABELS, "outcome"))
 
@@ -59,6 +79,11 @@ def publish(state: RuntimeState, *, polled: bool = True) -> None:
     METRICS_OK.labels(model).set(1 if state.metrics_ok else 0)
     for reason in LIMITS:
         LIMITED_BY.labels(model, reason).set(1 if state.limited_by == reason else 0)
+    for kind in FALLBACKS:
+        FALLBACK.labels(model, kind).set(1 if state.fallback == kind else 0)
+    SIGNAL_STALE.labels(model).set(1 if state.signal_stale else 0)
+    LIMIT_UNREACHED.labels(model).set(1 if state.limit_unreached else 0)
+    COUNTER_RESETS.labels(model).set(state.counter_resets)
     if polled:
         POLLS.labels(model, "ok" if state.metrics_ok else "failed").inc()
 
