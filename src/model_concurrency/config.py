@@ -25,6 +25,7 @@ from model_concurrency.signals.scrape import check_metrics_url, has_control_char
 
 __all__ = [
     "ModelSpec",
+    "UnknownModelError",
     "get_model",
     "load_config",
     "register_model",
@@ -294,6 +295,23 @@ def registered_models() -> dict[str, ModelSpec]:
     _sync_config_file()
     with _lock:
         return {**_from_file, **_explicit}
+
+
+class UnknownModelError(ValueError):
+    """A fan-out or ``slot`` named a model the registry does not know (a typo would otherwise run at capacity 1).
+
+    ``model`` is the name asked for, ``registered`` the names known then. ``resolve_capacity`` never raises it;
+    ``map_concurrent``, ``map_concurrent_sync``, ``imap_concurrent`` and ``slot`` do unless called with
+    ``allow_unregistered=True`` (then the model runs at the floor, capacity 1, with one warning per name)."""
+
+    def __init__(self, model: str, registered: Iterable[str]) -> None:
+        self.model = model
+        self.registered = tuple(sorted(registered))
+        known = ", ".join(self.registered) or "none"
+        super().__init__(
+            f"model {model!r} is not registered (registered: {known}); register it with register_model() or "
+            "MODEL_CONCURRENCY_CONFIG, fix the name, or pass allow_unregistered=True to run it at the floor"
+        )
 
 
 def get_model(name_or_role: str | None) -> ModelSpec | None:

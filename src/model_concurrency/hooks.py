@@ -19,11 +19,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model_concurrency import config
-from model_concurrency.config import get_model, registered_models, setting
+from model_concurrency.config import UnknownModelError, get_model, registered_models, setting
 from model_concurrency.runtime import (
     ModelRuntime,
     adaptive_enabled,
     atarget_or_floor,
+    is_installed,
     on_reset,
     runtime_for,
     target_or_floor,
@@ -33,6 +34,7 @@ from model_concurrency.state import RuntimeState
 __all__ = [
     "adaptive_capacity",
     "aresolve_capacity",
+    "check_registered",
     "controller_for",
     "get_all_utilization",
     "get_utilization",
@@ -55,6 +57,20 @@ def warn_unknown(model: str | None) -> None:
         _warned_unknown.add(key)
         known = ", ".join(sorted(registered_models())) or "none"
         log.warning("model %r is not registered (known: %s); using capacity 1", key, known)
+
+
+def check_registered(model: str | None, allow_unregistered: bool, *, pinned: bool = False) -> None:
+    """The fan-outs' and ``slot``'s rule for a name the registry does not know: :class:`UnknownModelError`
+    naming the registered ones, or with ``allow_unregistered`` the floor (capacity 1) and one warning per name.
+
+    Known means registered (``register_model``, the config file) or given a runtime by ``install_runtime``. No name
+    (None) asks for the ``default`` role and nothing in particular, and a fan-out with a ``capacity`` of its own
+    (``pinned``) does not depend on the name's limit: neither raises, since a typo there costs nothing."""
+    if model is None or get_model(model) is not None or is_installed(model):
+        return
+    if not (allow_unregistered or pinned):
+        raise UnknownModelError(model, registered_models())
+    warn_unknown(model)
 
 
 def static_capacity(model: str | None) -> int:
@@ -110,8 +126,11 @@ def adaptive_capacity(model: str | None, floor: int) -> int:
     """The adaptive target for ``model`` with ``floor`` as its lower bound; ``floor`` on the static path.
 
     Asking also keeps the model polled on schedule for a while, so a pool sized from this answer is sampled
-    while it runs, not only at the moments the caller asks (which are when its calls have finished).
+    while it runs, not only at the moments the caller asks (which are when its calls have finished). A negative
+    ``floor`` is a ``ValueError`` (the caller's bug); anything else about the model never raises.
     """
+    if floor < 0:
+        raise ValueError(f"adaptive_capacity: floor must be >= 0 (0 and 1 both mean a floor of 1), got {floor!r}")
     return _floor_on_error(model, max(1, int(floor)), _asked)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "forget_runtime",
     "install_runtime",
     "is_current",
+    "is_installed",
     "limiter_for",
     "on_reset",
     "poll_step",
@@ -592,6 +593,11 @@ def forget_runtime(name: str) -> None:
         _installed.discard(name)
     if runtime is not None:
         runtime.close()
+
+
+def is_installed(name: str) -> bool:
+    """Whether ``name`` has a runtime put there by :func:`install_runtime` (a model known without a spec)."""
+    return name in _installed
 
 
 def registered_runtimes() -> dict[str, ModelRuntime]:

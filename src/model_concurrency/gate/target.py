@@ -21,7 +21,7 @@ from model_concurrency.controller import THROTTLED
 from model_concurrency.gate.hold import retry_after_from_exception
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
-from model_concurrency.hooks import warn_unknown
+from model_concurrency.hooks import check_registered, warn_unknown
 from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "THROTTLED",
     "Target",
     "check_args",
+    "check_registered",
     "check_weight",
     "checked_tokens",
     "note_throttle",
