@@ -154,3 +154,16 @@ def test_a_limit_nothing_reaches_shows_the_gate_is_open(clock: FakeClock, caplog
     (warning,) = lines_of(caplog, "ur", logging.WARNING)
     assert f"in flight stayed below the limit 4 for {UNREACHED_POLLS} polls" in warning
     assert lines_of(caplog, "ur", logging.INFO) == ["model ur: in flight reaches the limit again"]
+
+
+def test_a_client_side_source_is_never_stale(clock: FakeClock) -> None:
+    """A hosted endpoint's source reads no page (an empty snapshot every poll): nothing there can go stale."""
+    from model_concurrency.policies import Gradient
+
+    spec = register_model("cs", base_url="http://127.0.0.1:9/v1", policy=Gradient(), max_parallel_calls=FLOOR)
+    job = Job.__new__(Job)
+    job.name, job.clock = "cs", clock
+    job.runtime = install_runtime(ModelRuntime(spec, clock=clock))
+    for _ in range(STALE_POLLS + 2):
+        job.fan_out(8)
+    assert get_utilization("cs")["signal_stale"] is False and get_utilization("cs")["metrics_ok"] is True

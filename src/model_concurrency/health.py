@@ -166,10 +166,13 @@ class HealthWatch:
                 log.info("model %s: in flight reaches the limit again", name)
 
 
+_NO_PAGE = EngineSnapshot()
+
+
 def _frozen(snapshot: EngineSnapshot, previous: EngineSnapshot | None, obs: Observation | None) -> bool:
     """The page did not count calls we saw complete since the previous poll."""
-    if previous is None or obs is None or obs.client_calls == 0:
-        return False
+    if previous is None or obs is None or obs.client_calls == 0 or snapshot == _NO_PAGE:
+        return False  # an empty snapshot is a client-side source's (no page at all), not a page that froze
     if snapshot.success_total is not None and previous.success_total is not None:
         return snapshot.success_total == previous.success_total
     return all(getattr(snapshot, f.name) == getattr(previous, f.name) for f in fields(snapshot))
