@@ -1,5 +1,8 @@
 """One runtime per model: the controller, the limiter, the recorder, the usage meter and the poll schedule.
 
+(Over 400 lines on purpose: the one owner of a model's state, its only writer and publisher, and its registry sit
+together so every lock that guards them is in one file.)
+
 A :class:`ModelRuntime` is everything this process knows and decides about one model, in one object:
 
 * the spec and the :class:`~model_concurrency.controller.ControllerCore` (policy, bounds, grace);
