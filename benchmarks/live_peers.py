@@ -336,7 +336,7 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     if args.verbose:
-        # Each poll's line (controller.py, DEBUG) with seconds since the benchmark started: where our run's time
+        # Each poll's decision line (controller.py, INFO) with seconds since the benchmark started: where our run's time
         # went (the ramp, a cut, the probes after the capacity change).
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(relativeCreated)9.0f ms %(message)s"))

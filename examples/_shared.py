@@ -76,6 +76,7 @@ def print_target_path(model: str, every_s: float = 0.05) -> Iterator[list[tuple[
     finally:
         done.set()
         thread.join()
+        print(f"limited by: {get_utilization(model)['limited_by'] or 'nothing (growing freely)'}", flush=True)
 
 
 def report(count: int, elapsed_s: float, path: list[tuple[float, int]], floor: int) -> dict[str, object]:

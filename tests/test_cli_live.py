@@ -66,3 +66,23 @@ def test_helpers() -> None:
     many = [(float(i), i) for i in range(100)]
     thinned = compress_path(many, limit=10)
     assert len(thinned) == 10 and thinned[0] == (0.0, 0) and thinned[-1] == (99.0, 99)
+
+
+@pytest.mark.parametrize("flag", ["-v", "-vv"])
+def test_run_verbose_logs_decisions_and_only_vv_logs_requests(emu: RunningEmulator, flag: str) -> None:
+    """``-v``: one line per decision (previous -> new target, the rule, the figures), no per-request lines."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "MODEL_CONCURRENCY_POLL_S": "0.2", "PYTHONPATH": src}
+    argv = [flag, "run", "--model", "bge-m3", "--base-url", emu.base_url, "--items", "200", "--floor", "2", "--quiet"]
+    cli = "import sys; from model_concurrency.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", cli, *argv], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    decisions = re.findall(r"^INFO model bge-m3: target (\d+) -> (\d+): .+ \(.+\)$", done.stderr, flags=re.MULTILINE)
+    assert decisions and decisions[0][0] == "2", done.stderr
+    requests = [line for line in done.stderr.splitlines() if "HTTP Request" in line]
+    assert (len(requests) > 200) if flag == "-vv" else requests == []
+    assert re.search(r"^limited by: .+; last decision: \d+ -> \d+: ", done.stdout, flags=re.MULTILINE), done.stdout

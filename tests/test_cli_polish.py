@@ -26,11 +26,11 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 
 @pytest.mark.parametrize("argv", [["-v", "list"], ["list", "-v"], ["list", "--verbose"]])
 def test_verbose_before_or_after_the_subcommand(argv: list[str]) -> None:
-    assert build_parser().parse_args(argv).verbose is True
+    assert build_parser().parse_args(argv).verbose == 1
 
 
 def test_verbose_defaults_off() -> None:
-    assert build_parser().parse_args(["list"]).verbose is False
+    assert build_parser().parse_args(["list"]).verbose == 0
 
 
 def test_every_subcommand_has_a_description_and_every_option_a_help_text() -> None:

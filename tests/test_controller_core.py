@@ -169,19 +169,21 @@ def test_policy_may_pin_its_own_grace() -> None:
     assert core.fail(now=1, reason="x") == 4
 
 
-def test_each_good_poll_logs_its_decision_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100)
-    with caplog.at_level(logging.DEBUG, logger="model_concurrency"):
-        core.update(Observation(running=3, waiting=2, waiting_capacity=1, inflight=4, time=1.5))
-    (record,) = [r for r in caplog.records if r.levelno == logging.DEBUG]
-    assert record.getMessage() == (
-        "poll at 1.500: target 4.0 -> 100.0 (policy 300.0), in flight 4, running 3, waiting 2 (capacity 1), "
-        "kv n/a, calls 0"
-    )
-
-
-def test_no_decision_log_above_debug(caplog: pytest.LogCaptureFixture) -> None:
-    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100)
+def test_each_good_poll_logs_its_decision_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100, name="llama")
     with caplog.at_level(logging.INFO, logger="model_concurrency"):
+        decision = core.decide(Observation(running=3, waiting=2, waiting_capacity=1, inflight=4, time=1.5))
+    (record,) = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert record.getMessage() == (
+        "model llama: target 4 -> 100: ceiling [ceiling] (running 3, waiting 2 (capacity 1), kv n/a, "
+        "in flight 4 (peak 4), calls 0)"
+    )
+    assert (decision.previous, decision.target, decision.rule, decision.limited_by) == (4, 100, "ceiling", "ceiling")
+    assert core.last_decision == decision and str(decision) == "4 -> 100: ceiling [ceiling]"
+
+
+def test_no_decision_log_above_info(caplog: pytest.LogCaptureFixture) -> None:
+    core = ControllerCore(policy=Constant(300), floor=4, ceiling=100)
+    with caplog.at_level(logging.WARNING, logger="model_concurrency"):
         core.update(grow(4))
     assert not caplog.records

@@ -154,12 +154,12 @@ def test_zero_max_parallel_calls_is_rejected_at_registration() -> None:
         register_model("m", base_url=None, max_parallel_calls=0)
 
 
-def test_an_unknown_model_name_warns_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_model_name_allowed_at_the_floor_warns_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
     register_model("known", base_url=None)
     with caplog.at_level(logging.WARNING, "model_concurrency"):
         for _ in range(3):
-            assert map_concurrent_sync([1, 2], lambda x: x, model="typo") == [1, 2]
-        map_concurrent_sync([1], lambda x: x, model="other-typo")
+            assert map_concurrent_sync([1, 2], lambda x: x, model="typo", allow_unregistered=True) == [1, 2]
+        map_concurrent_sync([1], lambda x: x, model="other-typo", allow_unregistered=True)
     lines = [r.getMessage() for r in caplog.records if "is not registered" in r.getMessage()]
     assert lines == [
         "model 'typo' is not registered (known: known); using capacity 1",

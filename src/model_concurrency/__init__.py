@@ -4,7 +4,7 @@ Data flow: signal source → Observation → policy → controller (bounds, thro
 Importing this package needs only httpx and prometheus_client; the simulator, CLI and emulator are extras.
 """
 
-from model_concurrency.config import ModelSpec, load_config, register_model, setting
+from model_concurrency.config import ModelSpec, UnknownModelError, load_config, register_model, setting
 from model_concurrency.controller import ControllerCore
 from model_concurrency.gate import GateStats, gate_stats, imap_concurrent, map_concurrent, map_concurrent_sync, slot
 from model_concurrency.hooks import (
@@ -29,6 +29,7 @@ __all__ = [
     "ModelSpec",
     "Observation",
     "Policy",
+    "UnknownModelError",
     "adaptive_capacity",
     "aresolve_capacity",
     "gate_stats",

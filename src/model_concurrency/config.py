@@ -25,10 +25,12 @@ from model_concurrency.signals.scrape import check_metrics_url, has_control_char
 
 __all__ = [
     "ModelSpec",
+    "UnknownModelError",
     "get_model",
     "load_config",
     "register_model",
     "registered_models",
+    "registration",
     "setting",
     "spec_fields",
     "spec_from_table",
@@ -170,6 +172,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _explicit: dict[str, ModelSpec] = {}
 _from_file: dict[str, ModelSpec] = {}
 _loaded_path: str | None = None
+_generations: dict[str, int] = {}  # register_model calls per name (registration())
 
 
 def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
@@ -210,7 +213,7 @@ def register_model(
     api_key: str | None = None,
     policy: str | Policy | None = None,
 ) -> ModelSpec:
-    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use."""
+    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use (:func:`registration`)."""
     spec = _make_spec(
         name,
         base_url=base_url,
@@ -225,10 +228,17 @@ def register_model(
     )
     with _lock:
         _explicit[name] = spec
-    from model_concurrency.runtime import forget_runtime
-
-    forget_runtime(name)
+        _generations[name] = _generations.get(name, 0) + 1
     return spec
+
+
+def registration(name: str) -> int:
+    """How many times ``name`` was registered by :func:`register_model` (0: never).
+
+    The registry knows no runtime: a runtime remembers this number when it is built and is rebuilt on its next
+    use once the number moved, so re-registering a model (even with the same spec) starts it afresh.
+    """
+    return _generations.get(name, 0)
 
 
 def spec_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,6 +295,23 @@ def registered_models() -> dict[str, ModelSpec]:
     _sync_config_file()
     with _lock:
         return {**_from_file, **_explicit}
+
+
+class UnknownModelError(ValueError):
+    """A fan-out or ``slot`` named a model the registry does not know (a typo would otherwise run at capacity 1).
+
+    ``model`` is the name asked for, ``registered`` the names known then. ``resolve_capacity`` never raises it;
+    ``map_concurrent``, ``map_concurrent_sync``, ``imap_concurrent`` and ``slot`` do unless called with
+    ``allow_unregistered=True`` (then the model runs at the floor, capacity 1, with one warning per name)."""
+
+    def __init__(self, model: str, registered: Iterable[str]) -> None:
+        self.model = model
+        self.registered = tuple(sorted(registered))
+        known = ", ".join(self.registered) or "none"
+        super().__init__(
+            f"model {model!r} is not registered (registered: {known}); register it with register_model() or "
+            "MODEL_CONCURRENCY_CONFIG, fix the name, or pass allow_unregistered=True to run it at the floor"
+        )
 
 
 def get_model(name_or_role: str | None) -> ModelSpec | None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
+from model_concurrency.decision import Decision, limited_by_policy
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
@@ -112,6 +113,9 @@ class ControllerCore:
     fast_polls: int = 0
     throttle_cut: float = 0.9
     poll_started_at: float | None = None
+    # The model this core decides for (log lines only), and the last decision with its reason (decision.py).
+    name: str = ""
+    last_decision: Decision | None = None
     _tail_left: int = 0
     _regular_due: float | None = None
 
@@ -204,13 +208,26 @@ class ControllerCore:
 
         Also schedules the next poll from when this one started (``begin_poll``; the observation's time if none
         was claimed)."""
+        return self.decide(obs, reason).target
+
+    def decide(self, obs: Observation, reason: str | None = None) -> Decision:
+        """:meth:`update`, returning the whole decision: the target, the rule that fired and the figures."""
         started = self.poll_started_at if self.poll_started_at is not None else obs.time
         self.poll_started_at = None
-        target = self._apply(obs, reason)
+        before = self.target
+        rule, limited_by = self._apply(obs, reason)
         self._schedule_after(started)
-        return target
+        return self._record(Decision(obs.time, before, self.target, rule, limited_by, obs))
 
-    def _apply(self, obs: Observation, reason: str | None) -> int:
+    def _record(self, decision: Decision) -> Decision:
+        """Keep ``decision`` as the last one and log it: one INFO line per decision (``-v``)."""
+        self.last_decision = decision
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", decision.log_line(self.name or "?"))
+        return decision
+
+    def _apply(self, obs: Observation, reason: str | None) -> tuple[str, str | None]:
+        """One poll into the state; returns the rule that fired and what limits the target (decision.py)."""
         self.polls += 1
         self.last_poll_time = obs.time
         if not obs.ok:
@@ -233,27 +250,26 @@ class ControllerCore:
         elif answer is not None:
             self.token_budget = _tokens(answer)
         before = self.target_value
-        self.target_value = self._clamp(min(proposed, self.guard.bound(self.target_value, proposed, obs)))
-        if log.isEnabledFor(logging.DEBUG):
-            # One line per good poll: what the engine showed and what was decided, to tell afterwards where a run's
-            # time went (a ramp, a cut, a guard cap). Off unless asked for: the lab runs thousands of clients.
-            log.debug(
-                "poll at %.3f: target %.1f -> %.1f (policy %.1f), in flight %d, running %g, waiting %g "
-                "(capacity %g), kv %s, calls %d",
-                obs.time,
-                before,
-                self.target_value,
-                proposed,
-                obs.inflight,
-                obs.running,
-                obs.waiting,
-                obs.waiting_capacity,
-                "n/a" if obs.kv_cache_usage is None else f"{obs.kv_cache_usage:.4f}",
-                obs.client_calls,
-            )
-        return self.target
+        guarded = self.guard.bound(self.target_value, proposed, obs)
+        self.target_value = self._clamp(min(proposed, guarded))
+        if answer is None:
+            return "policy error: held", limited_by_policy(obs, before)
+        if self._clamp(guarded) < self._clamp(proposed):
+            if obs.client_throttled > 0 or self._throttle_cap_binds(guarded):
+                return "throttle cap", "throttled"
+            return "growth guard", "guard"
+        if proposed >= self.upper:
+            return "ceiling", "ceiling"
+        if self.target_value > before:
+            return "policy", None
+        return "policy", limited_by_policy(obs, before)
 
-    def note_throttled(self, inflight: int) -> int:
+    def _throttle_cap_binds(self, guarded: float) -> bool:
+        """Whether the guard's bound is its throttle cap (not its knee cap)."""
+        cap, knee = self.guard.throttle_cap, self.guard.cap
+        return cap is not None and guarded >= cap and (knee is None or cap <= knee)
+
+    def note_throttled(self, inflight: int, now: float | None = None) -> int:
         """A call came back 429/503: the target drops to ``throttle_cut`` × the calls still in flight, at once.
 
         Between polls the target is otherwise fixed, so a window far above what the server allows would meet
@@ -264,7 +280,12 @@ class ControllerCore:
         (adaptive), 0.9-1.0 % against 1.8-3.2 % (gradient); docs/results.md. Off with the guard.
         """
         if self.guard.enabled:
+            before = self.target
             self.target_value = self._clamp(min(self.target_value, float(inflight) * self.throttle_cut))
+            if self.target != before:
+                at = now if now is not None else (self.last_poll_time or 0.0)
+                why = f"a call came back 429/503 with {inflight} in flight"
+                self._record(Decision(at, before, self.target, "throttle cut", "throttled", why))
         return self.target
 
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
@@ -277,26 +298,25 @@ class ControllerCore:
         pinned = declared_grace_polls(self.policy)
         return pinned if pinned is not None else self.grace_polls
 
-    def _fail(self, obs: Observation, reason: str) -> int:
+    def _fail(self, obs: Observation, reason: str) -> tuple[str, str | None]:
         """Grace, then the hand-over to the guard (or the floor): the target never rises during an outage."""
         self.consecutive_failures += 1
         self.last_ok, self.last_error, self.last_observation = False, reason, obs
         held = self.target_value
         bounded = min(held, self.guard.bound(held, held, obs, good=False))
-        if self.consecutive_failures <= self.effective_grace_polls:
+        failures, grace = self.consecutive_failures, self.effective_grace_polls
+        if failures <= grace:
             self.target_value = self._clamp(bounded)
-            return self.target
+            return f"grace {failures}/{grace} ({reason})", "guard"
         trouble = "hand-over off" if not self.outage_handover else self.guard.trouble(obs)
         if self.outage_floored or trouble is not None:
-            if not self.outage_floored:
-                failures = self.consecutive_failures
-                log.info("signals lost for %d polls and %s: the floor until they return", failures, trouble)
+            rule = "floor until signals return" if self.outage_floored else f"floor: signals lost and {trouble}"
             self.outage_floored = True
             self.target_value = float(self.lower)
             self.token_budget = None  # the floor is a count: without fresh signals no token figure is trusted
-        else:
-            self.target_value = self._clamp(bounded)
-        return self.target
+            return f"{rule} ({failures} failed polls)", "floor"
+        self.target_value = self._clamp(bounded)
+        return f"outage hand-over: own calls healthy ({failures} failed polls)", "guard"
 
 
 def _tokens(answer: object) -> int | None:

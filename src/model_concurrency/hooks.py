@@ -18,20 +18,23 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from model_concurrency import config, telemetry
-from model_concurrency.config import get_model, registered_models, setting
+from model_concurrency import config
+from model_concurrency.config import UnknownModelError, get_model, registered_models, setting
 from model_concurrency.runtime import (
     ModelRuntime,
     adaptive_enabled,
     atarget_or_floor,
+    is_installed,
     on_reset,
     runtime_for,
     target_or_floor,
 )
+from model_concurrency.state import RuntimeState
 
 __all__ = [
     "adaptive_capacity",
     "aresolve_capacity",
+    "check_registered",
     "controller_for",
     "get_all_utilization",
     "get_utilization",
@@ -54,6 +57,20 @@ def warn_unknown(model: str | None) -> None:
         _warned_unknown.add(key)
         known = ", ".join(sorted(registered_models())) or "none"
         log.warning("model %r is not registered (known: %s); using capacity 1", key, known)
+
+
+def check_registered(model: str | None, allow_unregistered: bool, *, pinned: bool = False) -> None:
+    """The fan-outs' and ``slot``'s rule for a name the registry does not know: :class:`UnknownModelError`
+    naming the registered ones, or with ``allow_unregistered`` the floor (capacity 1) and one warning per name.
+
+    Known means registered (``register_model``, the config file) or given a runtime by ``install_runtime``. No name
+    (None) asks for the ``default`` role and nothing in particular, and a fan-out with a ``capacity`` of its own
+    (``pinned``) does not depend on the name's limit: neither raises, since a typo there costs nothing."""
+    if model is None or get_model(model) is not None or is_installed(model):
+        return
+    if not (allow_unregistered or pinned):
+        raise UnknownModelError(model, registered_models())
+    warn_unknown(model)
 
 
 def static_capacity(model: str | None) -> int:
@@ -109,8 +126,11 @@ def adaptive_capacity(model: str | None, floor: int) -> int:
     """The adaptive target for ``model`` with ``floor`` as its lower bound; ``floor`` on the static path.
 
     Asking also keeps the model polled on schedule for a while, so a pool sized from this answer is sampled
-    while it runs, not only at the moments the caller asks (which are when its calls have finished).
+    while it runs, not only at the moments the caller asks (which are when its calls have finished). A negative
+    ``floor`` is a ``ValueError`` (the caller's bug); anything else about the model never raises.
     """
+    if floor < 0:
+        raise ValueError(f"adaptive_capacity: floor must be >= 0 (0 and 1 both mean a floor of 1), got {floor!r}")
     return _floor_on_error(model, max(1, int(floor)), _asked)
 
 
@@ -125,34 +145,22 @@ async def aresolve_capacity(model: str | None) -> int:
 
 
 def get_utilization(model: str | None) -> dict[str, Any]:
-    """What the controller last saw and decided for ``model``; a static view when no controller applies."""
+    """What the controller last saw and decided for ``model``; a static view when no controller applies.
+
+    Either way the same keys: the :class:`~model_concurrency.state.RuntimeState` the model's runtime publishes,
+    as a dict."""
     spec = get_model(model)
     floor = spec.static_capacity if spec is not None else 1
     runtime = controller_for(model, floor)
     if runtime is not None:
-        return telemetry.snapshot(runtime)
-    name = spec.name if spec is not None else model
-    ceiling = max(floor, setting(*config.MAX_CONCURRENCY))
-    return {
-        "model": name,
-        "served_model_name": spec.served_name if spec else None,
-        "running": None,
-        "waiting": None,
-        "waiting_capacity": None,
-        "kv_cache_usage": None,
-        "inflight": 0,
-        "current_target": floor,
-        "floor": floor,
-        "ceiling": ceiling,
-        "metrics_ok": None,
-        "saturated": False,
-        "last_poll": None,
-        "consecutive_failures": 0,
-        "last_error": None,
-        "metrics_url": spec.resolved_metrics_url if spec else None,
-        "policy": "static",
-        "adaptive": False,
-    }
+        return runtime.state().as_dict()
+    return RuntimeState.static(
+        spec.name if spec is not None else model,
+        served_model_name=spec.served_name if spec else None,
+        floor=floor,
+        ceiling=setting(*config.MAX_CONCURRENCY),
+        metrics_url=spec.resolved_metrics_url if spec else None,
+    ).as_dict()
 
 
 def get_all_utilization() -> dict[str, dict[str, Any]]:

@@ -1,5 +1,8 @@
 """One runtime per model: the controller, the limiter, the recorder, the usage meter and the poll schedule.
 
+(Over 400 lines on purpose: the one owner of a model's state, its only writer and publisher, and its registry sit
+together so every lock that guards them is in one file.)
+
 A :class:`ModelRuntime` is everything this process knows and decides about one model, in one object:
 
 * the spec and the :class:`~model_concurrency.controller.ControllerCore` (policy, bounds, grace);
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from model_concurrency import config, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
+from model_concurrency.health import Health, HealthWatch, fallback_kind
 from model_concurrency.observation import CallStats, EngineSnapshot, observe
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
@@ -36,6 +40,7 @@ from model_concurrency.policies.static import Static
 from model_concurrency.signals.prometheus_api import PrometheusSource
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.signals.source import ClientOnlySource, SignalSource, VllmMetricsSource
+from model_concurrency.state import RuntimeState
 
 if TYPE_CHECKING:  # the gate imports this module; its own modules are imported where used
     from model_concurrency.gate.limiter import Usage
@@ -48,6 +53,7 @@ __all__ = [
     "forget_runtime",
     "install_runtime",
     "is_current",
+    "is_installed",
     "limiter_for",
     "on_reset",
     "poll_step",
@@ -166,10 +172,12 @@ class ModelRuntime:
     ) -> None:
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
+        # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
+        self.registration = config.registration(self.name)
         self.clock = clock
         chosen = policy if policy is not None else _policy_for(spec)
         self.source = source if source is not None else _default_source(spec, chosen)
-        self.core = ControllerCore(policy=chosen)
+        self.core = ControllerCore(policy=chosen, name=self.name)
         self.calls = CallRecorder()
         self._floor_override = floor
         self._lock = threading.Lock()
@@ -181,10 +189,14 @@ class ModelRuntime:
         self._poller: threading.Thread | None = None
         self._asked_at: float | None = None
         self._closed = threading.Event()
+        self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
+        self._watch = HealthWatch(self.name)
+        self.health = Health()
         self._refresh_knobs()
         from model_concurrency.gate.model_limiter import ModelLimiter
 
         self.limiter = ModelLimiter(self.name, self.core.target, clock)
+        self.published: RuntimeState = self._state_locked()  # replaced after every poll
 
     # -- what callers read ---------------------------------------------------------------------------------
     @property
@@ -208,11 +220,21 @@ class ModelRuntime:
         """The token budget in force now (None: not enforced; only weighted calls are bound by it)."""
         return self.core.token_budget if self.adaptive else None
 
-    def apply_limits(self) -> None:
-        """Bring the limiter to the limits in force: the request count and the token budget."""
+    def apply_limits(self) -> int:
+        """Bring the limiter to the limits in force (the request count and the token budget); returns the count.
+
+        The only place a limit changes: the runtime owns the limiter, and everything above it (a fan-out's
+        :class:`~model_concurrency.gate.target.Target`, :func:`slot`) asks for this instead of resizing."""
         with self._apply_lock:
-            self.limiter.resize(max(1, self.current()))
+            limit = max(1, self.current())
+            self.limiter.resize(limit)
             self.limiter.set_budget(self.current_budget())
+            return limit
+
+    def seed_limit(self, limit: int) -> None:
+        """Set the limiter of a runtime nothing has used yet (:func:`limiter_for`); the next apply overrides it."""
+        with self._apply_lock:
+            self.limiter.resize(limit)
 
     def apply_budget(self) -> None:
         """Bring the limiter's token budget to the one in force (read and set together: a stale read never wins)."""
@@ -244,7 +266,9 @@ class ModelRuntime:
         if not self.adaptive:
             return self.floor
         with self._lock:
-            self.core.note_throttled(self.limiter.inflight())
+            self.core.note_throttled(self.limiter.inflight(), self.clock())
+            self.published = self._state_locked()
+            telemetry.publish(self.published, polled=False)
         self.apply_limits()
         return self.current()
 
@@ -257,6 +281,45 @@ class ModelRuntime:
         with self._lock:
             self.core.set_bounds(self.floor, self.core.ceiling)
         self.apply_limits()
+
+    # -- what the runtime publishes ------------------------------------------------------------------------
+    def state(self) -> RuntimeState:
+        """The model's state now, as one frozen record (``get_utilization`` is its ``as_dict()``)."""
+        with self._lock:
+            return self._state_locked()
+
+    def _state_locked(self) -> RuntimeState:
+        core = self.core
+        obs, decision = core.last_observation, core.last_decision
+        good = obs if (obs is not None and obs.ok) else None
+        return RuntimeState(
+            model=self.name,
+            served_model_name=self.spec.served_name if self.spec is not None else None,
+            running=good.running if good else None,
+            waiting=good.waiting if good else None,
+            waiting_capacity=good.waiting_capacity if good else None,
+            kv_cache_usage=good.kv_cache_usage if good else None,
+            inflight=self.limiter.inflight(),
+            inflight_tokens=self.limiter.units(),
+            token_budget=self.current_budget(),
+            current_target=core.target,
+            floor=core.lower,
+            ceiling=core.upper,
+            metrics_ok=core.last_ok,
+            saturated=core.saturated,
+            last_poll=self._last_poll_wall,
+            consecutive_failures=core.consecutive_failures,
+            last_error=core.last_error,
+            metrics_url=self.source.description if self.source is not None else None,
+            policy=type(core.policy).__name__,
+            adaptive=True,
+            limited_by=decision.limited_by if decision is not None else None,
+            last_decision=str(decision) if decision is not None else None,
+            fallback=self.health.fallback,
+            signal_stale=self.health.signal_stale,
+            limit_unreached=self.health.limit_unreached,
+            counter_resets=self.health.counter_resets,
+        )
 
     def _refresh_knobs(self) -> None:
         self.core.poll_interval_s = setting(*config.POLL_S)
@@ -368,19 +431,39 @@ class ModelRuntime:
                 reason = None
                 if snapshot is None:
                     reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
-                poll_step(self.core, self.calls.drain(), usage, now, snapshot, reason)
-                if snapshot is None:
-                    log.warning(
-                        "model %s: metrics poll failed (%s); %d consecutive, target %d",
-                        self.name,
-                        reason,
-                        self.core.consecutive_failures,
-                        self.core.target,
-                    )
-                telemetry.publish(self)
+                previous, limit = self.core.last_snapshot, self.limiter.limit
+                try:
+                    poll_step(self.core, self.calls.drain(), usage, now, snapshot, reason)
+                except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
+                    log.exception("model %s: the poll step failed", self.name)
+                    snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"
+                    self.core.fail(now, reason, inflight=usage.inflight)
+                self._judge_health(snapshot, previous, limit, reason)
+                self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
+                self.published = self._state_locked()
+                telemetry.publish(self.published)
             finally:
                 self._polling = False
         self.apply_limits()
+
+    def _judge_health(
+        self, snapshot: EngineSnapshot | None, previous: EngineSnapshot | None, limit: int, reason: str | None
+    ) -> None:
+        """The failure states after a poll (health.py): fields of the state, metrics, a line when one changes."""
+        core = self.core
+        fallback = fallback_kind(
+            core.last_ok, core.consecutive_failures, core.effective_grace_polls, core.outage_floored
+        )
+        self.health = self._watch.judge(
+            fallback=fallback,
+            obs=core.last_observation,
+            limit=limit,
+            target=core.target,
+            snapshot=snapshot,
+            previous=previous,
+            failures=core.consecutive_failures,
+            reason=reason,
+        )
 
     def _poll_blocking(self) -> None:
         assert self.source is not None
@@ -418,6 +501,11 @@ class ModelRuntime:
 
     def __repr__(self) -> str:
         return f"ModelRuntime(model={self.name!r}, target={self.current()}, source={self.source!r})"
+
+
+def _wall(at: float | None, now: float) -> float | None:
+    """A time on the runtime's clock as wall-clock seconds since the epoch (dashboards show dates, not uptimes)."""
+    return None if at is None else time.time() - (now - at)
 
 
 def _default_source(spec: ModelSpec | None, policy: Policy) -> SignalSource | None:
@@ -467,15 +555,24 @@ def runtime_for(model: str | None) -> ModelRuntime:
     """The process's one runtime for ``model`` (a name or a role); rebuilt when its registration changed."""
     spec, key = _key(model)
     runtime = _runtimes.get(key)
-    if runtime is not None and (runtime.spec == spec or key in _installed):
+    if runtime is not None and _fits(runtime, spec, key):
         return runtime
     with _registry_lock:
         runtime = _runtimes.get(key)
-        if runtime is None or (runtime.spec != spec and key not in _installed):
+        if runtime is None or not _fits(runtime, spec, key):
             if runtime is not None:
                 runtime.close()
+            _installed.discard(key)
             runtime = _runtimes[key] = ModelRuntime(spec, name=key)
         return runtime
+
+
+def _fits(runtime: ModelRuntime, spec: ModelSpec | None, key: str) -> bool:
+    """Whether ``runtime`` still serves ``key``: not re-registered since it was built (the registry's count, so
+    config never calls in here), and built from the current spec unless it was installed on purpose."""
+    if runtime.registration != config.registration(key):
+        return False
+    return runtime.spec == spec or key in _installed
 
 
 def install_runtime(runtime: ModelRuntime) -> ModelRuntime:
@@ -499,6 +596,11 @@ def forget_runtime(name: str) -> None:
         _installed.discard(name)
     if runtime is not None:
         runtime.close()
+
+
+def is_installed(name: str) -> bool:
+    """Whether ``name`` has a runtime put there by :func:`install_runtime` (a model known without a spec)."""
+    return name in _installed
 
 
 def registered_runtimes() -> dict[str, ModelRuntime]:
@@ -531,16 +633,18 @@ reset_controllers = reset_runtimes
 def limiter_for(model: str | None, limit: int | None = None) -> ModelLimiter:
     """The model's limiter (its runtime's); ``limit`` resizes it only when the runtime is new."""
     fresh = _key(model)[1] not in _runtimes
-    limiter = runtime_for(model).limiter
+    runtime = runtime_for(model)
     if fresh and limit is not None:
-        limiter.resize(limit)
-    return limiter
+        runtime.seed_limit(limit)
+    return runtime.limiter
 
 
 def is_current(limiter: ModelLimiter) -> bool:
     """Whether ``limiter`` still belongs to its model's registered runtime (False after a reset)."""
     runtime = _runtimes.get(limiter.name)
-    return runtime is not None and runtime.limiter is limiter
+    return (
+        runtime is not None and runtime.limiter is limiter and runtime.registration == config.registration(limiter.name)
+    )
 
 
 def registered_limiters() -> dict[str, ModelLimiter]:

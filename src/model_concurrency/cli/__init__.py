@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["describe_error", "main"]
+__all__ = ["configure_logging", "describe_error", "main"]
 
 # Subcommand modules, in the order they appear in --help. A module that is missing is skipped.
 SUBCOMMAND_MODULES = ("sim", "compare", "fuzz", "live", "listing")
@@ -34,7 +34,10 @@ _EXTRAS = {
     "starlette": "emulator",
     "uvicorn": "emulator",
 }
-_VERBOSE_HELP = "log the controller's decisions (also accepted after the subcommand)"
+_VERBOSE_HELP = (
+    "-v: log one line per controller decision (previous -> new target, the rule, the observation); -vv: also every "
+    "HTTP request (also accepted after the subcommand)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="model-concurrency",
         description="Size LLM and embedding fan-out to the live capacity of vLLM engines.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         try:
@@ -54,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(subparsers)
     for sub in subparsers.choices.values():
         # SUPPRESS: a -v given before the subcommand is not reset to False by the subcommand's own default.
-        sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
+        sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
     return parser
 
 
@@ -108,10 +111,18 @@ def describe_error(exc: BaseException, command: str | None = None) -> str | None
     return None
 
 
+def configure_logging(verbosity: int) -> None:
+    """0: warnings only; 1 (``-v``): the package's decision lines too, and nothing of httpx's per-request lines;
+    2 (``-vv``): every library's INFO, the per-request lines included."""
+    logging.basicConfig(level=logging.INFO if verbosity >= 2 else logging.WARNING, format="%(levelname)s %(message)s")
+    if verbosity >= 1:
+        logging.getLogger("model_concurrency").setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    configure_logging(args.verbose)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

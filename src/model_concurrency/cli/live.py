@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"target: floor {util['floor']}, ceiling {util['ceiling']}, max {max(t for _, t in samples)}, "
           f"final {util['current_target']}")  # fmt: skip
     print("target path (s: target): " + ", ".join(f"{t:.1f}: {v}" for t, v in path))
+    print(f"limited by: {util['limited_by'] or 'nothing (growing freely)'}; last decision: {util['last_decision']}")
     return 0
 
 

@@ -34,7 +34,7 @@ from model_concurrency.gate.hold import wait_hold_async
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import WorkerPool, pool_for
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_weight, weigh
+from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
 
 __all__ = ["WorkerMode", "imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
 
@@ -469,6 +469,7 @@ async def map_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R]: ...
 
 
@@ -482,6 +483,7 @@ async def map_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -495,6 +497,7 @@ async def map_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R]: ...
 
 
@@ -508,6 +511,7 @@ async def map_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -520,6 +524,7 @@ async def map_concurrent(
     timeout: float | None = None,
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
+    allow_unregistered: bool = False,
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
@@ -531,8 +536,11 @@ async def map_concurrent(
     ``return_exceptions=True`` each failed item's exception stands in its place. Cancelling the caller cancels
     every call and releases every slot. ``weight`` maps an item to its tokens (prompt plus ``max_tokens``): the
     item then also waits for room in the model's token budget (docs/gate.md); a weight that raises or is not a
-    finite number >= 0 is that item's error, and the item is not run.
+    finite number >= 0 is that item's error, and the item is not run. A ``model`` name the registry does not know
+    is an :class:`~model_concurrency.config.UnknownModelError` naming the registered ones, before anything runs;
+    ``allow_unregistered=True`` runs it at the floor instead (capacity 1, one warning per name).
     """
+    check_registered(model, allow_unregistered, pinned=capacity is not None)
     run = _Run(
         items,
         fn,
@@ -559,6 +567,7 @@ def imap_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -572,6 +581,7 @@ def imap_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -585,6 +595,7 @@ def imap_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -598,6 +609,7 @@ def imap_concurrent(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -610,14 +622,17 @@ async def imap_concurrent(
     timeout: float | None = None,
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
+    allow_unregistered: bool = False,
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 
     Finished results wait in a bounded buffer: a consumer that stops reading stops new starts once the buffer is
     full. Leaving the loop early (``break``, an exception) cancels the calls still running and releases their
     slots. Errors follow :func:`map_concurrent`: without ``return_exceptions`` the first failure is raised after
-    the running calls have finished (their results are still yielded).
+    the running calls have finished (their results are still yielded). An unregistered ``model`` is an
+    ``UnknownModelError`` unless ``allow_unregistered=True``, as for :func:`map_concurrent`.
     """
+    check_registered(model, allow_unregistered, pinned=capacity is not None)
     run = _Run(
         items,
         fn,

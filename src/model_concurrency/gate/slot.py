@@ -25,7 +25,7 @@ from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
 from model_concurrency.gate.stats import status_of
 from model_concurrency.gate.target import THROTTLED, checked_tokens, note_throttle
-from model_concurrency.hooks import warn_unknown
+from model_concurrency.hooks import check_registered, warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
 __all__ = ["slot"]
@@ -36,7 +36,12 @@ class slot:
 
     __slots__ = ("_runtime", "_start", "_status", "model", "tokens")
 
-    def __init__(self, model: str | None = None, *, tokens: float | None = None) -> None:
+    def __init__(
+        self, model: str | None = None, *, tokens: float | None = None, allow_unregistered: bool = False
+    ) -> None:
+        # A name the registry does not know is the caller's error here, before any permit is taken; with
+        # allow_unregistered the call runs at the floor (capacity 1) instead, with one warning per name.
+        check_registered(model, allow_unregistered)
         self.model = model
         # Checked here, before any permit is taken: a bad weight is the caller's error, never a leaked slot.
         self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")

@@ -21,7 +21,7 @@ from model_concurrency.controller import THROTTLED
 from model_concurrency.gate.hold import retry_after_from_exception
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.stats import GateStats, status_of
-from model_concurrency.hooks import warn_unknown
+from model_concurrency.hooks import check_registered, warn_unknown
 from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "THROTTLED",
     "Target",
     "check_args",
+    "check_registered",
     "check_weight",
     "checked_tokens",
     "note_throttle",
@@ -118,9 +119,11 @@ class Target:
         return self._apply(self.runtime.current)
 
     def _apply(self, read: Callable[[], int]) -> int:
-        target = max(1, int(target_or_floor(self.model, self.runtime.floor, read)))
-        self.limiter.resize(target)
-        self.runtime.apply_budget()
+        """Read the target (``read`` may run a due poll), have the runtime apply it, and size the workers.
+
+        The runtime is the limiter's one writer (under its lock); a fan-out only reads."""
+        target_or_floor(self.model, self.runtime.floor, read)
+        target = target_or_floor(self.model, self.runtime.floor, self.runtime.apply_limits)
         self.limit = self.pinned or target
         self.countdown = REFRESH_EVERY
         self.next_at = self.runtime.clock() + REFRESH_S

@@ -31,7 +31,7 @@ from model_concurrency.gate.hold import wait_hold
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.pool import pool_for
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_weight, weigh
+from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
 
 __all__ = ["map_concurrent_sync"]
 
@@ -292,6 +292,7 @@ def map_concurrent_sync(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R]: ...
 
 
@@ -305,6 +306,7 @@ def map_concurrent_sync(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -318,6 +320,7 @@ def map_concurrent_sync(
     timeout: float | None = ...,
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R]: ...
 
 
@@ -331,6 +334,7 @@ def map_concurrent_sync(
     timeout: float | None = ...,
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
+    allow_unregistered: bool = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -343,6 +347,7 @@ def map_concurrent_sync(
     timeout: float | None = None,
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
+    allow_unregistered: bool = False,
 ) -> list[Any]:
     """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
 
@@ -350,10 +355,12 @@ def map_concurrent_sync(
     ``fn`` or async iterable runs :func:`map_concurrent` under ``asyncio.run`` (on a helper thread if this thread
     already runs a loop). ``weight`` maps an item to its tokens, as for :func:`map_concurrent`. Called from
     inside an item of the same model it runs nested: free slots only, else inline on the parent's slot, so it
-    never deadlocks.
+    never deadlocks. An unregistered ``model`` is an ``UnknownModelError`` unless ``allow_unregistered=True``, as
+    for :func:`map_concurrent`.
     """
     check_args(capacity, timeout)
     check_weight(weight)
+    check_registered(model, allow_unregistered, pinned=capacity is not None)
     if is_async_callable(fn) or isinstance(items, AsyncIterable):
         kwargs: dict[str, Any] = {
             "model": model,
@@ -361,6 +368,7 @@ def map_concurrent_sync(
             "return_exceptions": return_exceptions,
             "timeout": timeout,
             "weight": weight,
+            "allow_unregistered": allow_unregistered,
         }
         return _run_coroutine(lambda: map_concurrent(items, fn, **kwargs))  # type: ignore[no-any-return]
     if not callable(fn):

@@ -123,7 +123,7 @@ class SlotTransport(httpx.BaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return self.inner.handle_request(request)
-        gate = slot(key)
+        gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         gate.__enter__()
         try:
             response = self.inner.handle_request(request)
@@ -154,7 +154,7 @@ class AsyncSlotTransport(httpx.AsyncBaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return await self.inner.handle_async_request(request)
-        gate = slot(key)
+        gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         await gate.__aenter__()
         try:
             response = await self.inner.handle_async_request(request)

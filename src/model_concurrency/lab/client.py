@@ -186,6 +186,7 @@ class SimClient:
             poll_interval_s=poll_s,
             outage_handover=outage_handover,
             poll_jitter=jitter,
+            name=name,  # its decision lines (-v) say which client decided
             # The production knob, read as the live runtime reads it, so the lab measures what ships.
             ramp_poll_divisor=(
                 ramp_poll_divisor if ramp_poll_divisor is not None else config.setting(*config.RAMP_POLL_DIVISOR)
