@@ -15,7 +15,8 @@ in one run:
   client.)
 
 Calls/s are completed 200s in the window after a warm-up, best of ``--rounds`` interleaved rounds; ratios are
-against the ceiling measured in the same run, so they hold on a loaded machine where absolute calls/s do not. Goal: ours >= 0.9x the ceiling at 512.
+against the ceiling measured in the same run, so they hold on a loaded machine where absolute calls/s do not.
+Goal: ours >= 0.9x the ceiling at 512.
 
     nice .venv/bin/python benchmarks/client.py [--inflight 64,128,256,512] [--seconds 6] [--warmup 2] [--rounds 2]
 """
