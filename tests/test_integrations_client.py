@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -122,3 +125,59 @@ def test_arguments() -> None:
     assert client.sharded.connections == 48 and len(client.sharded.shards) == 3
     assert ShardedAsyncTransport(connections=3, per_shard=16).connections == 3  # never more pools than needed
     asyncio.run(client.aclose())
+
+
+async def _serve(handler: object, ssl_context: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
+    return await asyncio.start_server(handler, "127.0.0.1", 0, ssl=ssl_context)  # type: ignore[arg-type]
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A keep-alive HTTP/1.1 server that answers every request with its own path."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            break
+        path = head.split(b" ", 2)[1]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(path), path))
+        await writer.drain()
+    writer.close()
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.read(1)
+    await asyncio.sleep(30)
+
+
+def test_asyncio_network_over_tls_and_its_timeouts(tmp_path: Path) -> None:
+    """The asyncio network backend: TLS through start_tls, a read timeout as httpx's, cancellation as itself."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    client_context = ssl.create_default_context(cafile=str(cert))
+
+    async def main() -> None:
+        tls = await _serve(_answer, server_context)
+        silent = await _serve(_silent)
+        tls_port = tls.sockets[0].getsockname()[1]
+        silent_port = silent.sockets[0].getsockname()[1]
+        async with ShardedAsyncClient(verify=client_context, connections=4, per_shard=2, timeout=0.2) as client:
+            got = await asyncio.gather(*(client.get(f"https://127.0.0.1:{tls_port}/p{i}") for i in range(10)))
+            assert [r.text for r in got] == [f"/p{i}" for i in range(10)]
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get(f"http://127.0.0.1:{silent_port}/")
+            call = asyncio.ensure_future(client.get(f"http://127.0.0.1:{silent_port}/", timeout=30))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert sum(client.sharded.in_use) == 0
+        for server in (tls, silent):
+            server.close()
+
+    asyncio.run(main())

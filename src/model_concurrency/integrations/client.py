@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from model_concurrency.integrations._net import AsyncioBackend
+
 __all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_PER_SHARD", "ShardedAsyncClient", "ShardedAsyncTransport"]
 
 DEFAULT_CONNECTIONS = 1024
@@ -67,7 +69,9 @@ class _Held(httpx.AsyncByteStream):
 class ShardedAsyncTransport(httpx.AsyncBaseTransport):
     """``connections`` spread over pools of ``per_shard``; other keywords go to each ``httpx.AsyncHTTPTransport``.
 
-    Pools are created up front but open connections only when used. Like any httpx async transport it belongs to
+    ``asyncio_network`` (default): connections run on asyncio's own transports (:mod:`._net`) rather than anyio's
+    streams, which cost more CPU per read and write. Pools are created up front but open connections only when
+    used. Like any httpx async transport it belongs to
     one event loop at a time (the counts are not locked).
     """
 
@@ -80,6 +84,7 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
         cert: Any = None,
         trust_env: bool = True,
         keepalive_expiry: float | None = 5.0,
+        asyncio_network: bool = True,
         **transport_kwargs: Any,
     ) -> None:
         if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
@@ -98,6 +103,10 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
             httpx.AsyncHTTPTransport(verify=context, trust_env=trust_env, limits=limits, **transport_kwargs)
             for _ in range(shards)
         ]
+        if asyncio_network:  # httpcore's pools take a backend but httpx's transport does not pass one through
+            backend = AsyncioBackend()
+            for shard in self.shards:
+                shard._pool._network_backend = backend
         self.in_use = [0] * shards  # requests each pool holds (sent, response not yet closed)
         # Pools with a free connection, most recently freed on top (its connection is warm); pool 0 first.
         self._free = list(range(shards - 1, -1, -1))
@@ -159,6 +168,7 @@ class ShardedAsyncClient(httpx.AsyncClient):
         cert: Any = None,
         trust_env: bool = True,
         http2: bool = False,
+        asyncio_network: bool = True,
         **kwargs: Any,
     ) -> None:
         if "transport" in kwargs:
@@ -173,6 +183,7 @@ class ShardedAsyncClient(httpx.AsyncClient):
             cert=cert,
             trust_env=trust_env,
             keepalive_expiry=expiry,
+            asyncio_network=asyncio_network,
             http2=http2,
         )
         super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
