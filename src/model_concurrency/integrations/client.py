@@ -6,9 +6,9 @@ CPU, not the server, sets the throughput: 128 closed-loop callers on one shared 
 callers got with a connection each (docs/live.md). A fan-out that the controller sizes to the engine then sees an
 engine that is never full, at exactly the targets this package exists to reach.
 
-:class:`ShardedAsyncTransport` spreads the connections over several small pools (``per_shard`` each, 16 by
-default) and sends each request to the lowest-numbered pool with a free connection, so the per-call cost stays
-flat in the fan-out and a light load keeps reusing the same few warm connections. A request holds its pool's
+:class:`ShardedAsyncTransport` spreads the connections over small pools (``per_shard`` each; 1 by default, i.e.
+a connection per concurrent call) and sends each request to the pool freed last that has room, so the per-call
+cost stays flat in the fan-out and a light load keeps reusing the same few warm connections. A request holds its pool's
 place until its response is closed, so a long stream never shares a pool that looks free. Every pool shares one
 SSL context: building one loads the CA bundle (about 0.1 s of CPU on the shared development machine), which is
 also why 512 callers that each built their own ``httpx.AsyncClient`` completed nothing in their first 10 s.
@@ -39,9 +39,10 @@ from model_concurrency.integrations._net import AsyncioBackend
 __all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_PER_SHARD", "ShardedAsyncClient", "ShardedAsyncTransport"]
 
 DEFAULT_CONNECTIONS = 1024
-# httpcore walks its connections once per connection on each request (O(n²)), and checks each for expiry through
-# anyio: 4 keeps that walk to a few dozen steps; benchmarks/client.py measured 4 at or above 16 and 1 at 512.
-DEFAULT_PER_SHARD = 4
+# httpcore walks its connections once per connection on each request (O(n²)) and checks each for expiry, so the
+# smallest pool is the cheapest: at 512 in flight benchmarks/client.py measured pools of 1 ahead of 2, 4 and 8 (and
+# a pool per connection costs ~10 µs to create, 11 ms for 1,024).
+DEFAULT_PER_SHARD = 1
 
 
 class _Held(httpx.AsyncByteStream):
