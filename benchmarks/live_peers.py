@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from model_concurrency.cli._http import ShardedClient
+from model_concurrency.integrations.httpx import ShardedAsyncClient
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
 FLOOR, OLD, NEW, CEILING = 4, 64, 256, 512
@@ -110,7 +110,7 @@ async def measure(name: str, runner: Runner, args: argparse.Namespace, setup: Ca
         samples: list[bool] = []
         spells: list[tuple[float, float, float]] = []  # (from, to, most waiting): -v shows where saturation falls
         raised_at: list[float] = []
-        async with ShardedClient() as client, httpx.AsyncClient(timeout=10) as side:
+        async with ShardedAsyncClient(timeout=120) as client, httpx.AsyncClient(timeout=10) as side:
 
             async def raise_capacity() -> None:
                 raised_at.append(time.perf_counter() - start)

@@ -23,12 +23,14 @@ class Server(NamedTuple):
     served_name: str
 
 
-def parse_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+def parse_args(description: str, argv: list[str] | None, *, with_map: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", help="an OpenAI-compatible base URL (…/v1); default: start a local emulator")
     parser.add_argument("--served-name", default="BAAI/bge-m3", help="the model name the server expects")
     parser.add_argument("--items", type=int, default=3000, help="how many texts to embed")
     parser.add_argument("--floor", type=int, default=4, help="the static capacity (the target's floor)")
+    if with_map:
+        parser.add_argument("--map", action="store_true", help="map_concurrent over an unwrapped client")
     args = parser.parse_args(argv)
     if args.items < 1 or args.floor < 1:
         parser.error("--items and --floor must be at least 1")

@@ -1,10 +1,12 @@
-"""Embed a few thousand texts with plain httpx through ``map_concurrent``, and watch the target leave the floor.
+"""Embed a few thousand texts with httpx through ``map_concurrent``, and watch the target leave the floor.
 
     python examples/embed_httpx.py                      # starts a local emulator (needs the [emulator] extra)
     python examples/embed_httpx.py --url http://gpu-1:8000/v1 --served-name BAAI/bge-m3 --items 5000
 
 The model is registered with its static capacity as the floor; while the fan-out runs, the model's runtime polls
 the engine's /metrics and the target follows what the engine can take. Each change is printed as it happens.
+The client is ``ShardedAsyncClient``, an ``httpx.AsyncClient`` whose cost per call does not grow with the number
+of calls in flight (one httpx pool of N connections costs O(N) per call).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import httpx
 from _shared import parse_args, print_target_path, report, server, texts
 
 from model_concurrency import map_concurrent, register_model
+from model_concurrency.integrations.httpx import ShardedAsyncClient
 
 
 async def embed_all(base_url: str, served_name: str, items: list[str]) -> list[list[float]]:
-    limits = httpx.Limits(max_connections=1000)  # the gate bounds concurrency, not the connection pool
-    async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
+    # 1,000 connections: the gate bounds concurrency, not the connection pool
+    async with ShardedAsyncClient(base_url=base_url, timeout=120, connections=1000) as client:
 
         async def embed_one(text: str) -> list[float]:
             request = {"model": served_name, "input": text}

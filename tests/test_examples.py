@@ -30,9 +30,10 @@ def targets(stdout: str) -> list[int]:
     return [int(m) for m in re.findall(r"^\s*[\d.]+s\s+target (\d+)$", stdout, flags=re.MULTILINE)]
 
 
-@pytest.mark.parametrize("example", ["embed_httpx.py", "embed_openai.py"])
+@pytest.mark.parametrize("example", ["embed_httpx.py", "embed_openai.py", "embed_openai.py --map"])
 def test_example_leaves_the_floor(example: str, tmp_path: Path) -> None:
-    out = run([str(ROOT / "examples" / example), "--items", "400", "--floor", "2"], cwd=tmp_path)
+    name, *flags = example.split()
+    out = run([str(ROOT / "examples" / name), "--items", "400", "--floor", "2", *flags], cwd=tmp_path)
     assert "embedded 400 texts" in out
     path = targets(out)
     assert path[0] == 2 and max(path) > 2, out

@@ -183,8 +183,8 @@ async def _fan_out(
     args: argparse.Namespace, base_url: str, served: str, inputs: list[str], samples: list[tuple[float, int]]
 ) -> tuple[float, list[int]]:
     from model_concurrency import hooks, map_concurrent
-    from model_concurrency.cli._http import ShardedClient
     from model_concurrency.cli._output import progress_bar
+    from model_concurrency.integrations.httpx import ShardedAsyncClient
 
     start = 0.0
     done = 0
@@ -195,7 +195,7 @@ async def _fan_out(
             await asyncio.sleep(0.1)
 
     desc = f"embed / {args.model}"
-    async with ShardedClient() as client:
+    async with ShardedAsyncClient(connections=512, timeout=120) as client:
         with progress_bar(len(inputs), desc, enabled=not args.quiet, unit="items") as update:
             start = time.monotonic()
 

@@ -8,6 +8,9 @@ registry key of the model that serves it. A request with neither (``GET /models`
 slot is held until the response body is closed, so a streamed completion counts in flight for as long as it
 streams. A response with status >= 400 is a failed call; 429/503 a throttled one, whose ``Retry-After`` (or
 ``retry-after-ms``) is handed to the model's runtime: no new call to it starts before then.
+
+:class:`ShardedAsyncClient` / :class:`ShardedAsyncTransport` (from :mod:`.client`): an ``httpx.AsyncClient`` whose
+per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call).
 """
 
 from __future__ import annotations
@@ -21,8 +24,16 @@ from model_concurrency.config import registered_models
 from model_concurrency.gate.hold import retry_after_from_headers
 from model_concurrency.gate.slot import slot
 from model_concurrency.gate.target import THROTTLED
+from model_concurrency.integrations.client import ShardedAsyncClient, ShardedAsyncTransport
 
-__all__ = ["AsyncSlotTransport", "SlotTransport", "model_of_request", "registry_key"]
+__all__ = [
+    "AsyncSlotTransport",
+    "ShardedAsyncClient",
+    "ShardedAsyncTransport",
+    "SlotTransport",
+    "model_of_request",
+    "registry_key",
+]
 
 
 def registry_key(served_name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any, cast, overload
 import httpx
 import openai
 
+from model_concurrency.integrations.client import ShardedAsyncTransport
 from model_concurrency.integrations.httpx import AsyncSlotTransport, SlotTransport
 
 __all__ = ["wrap"]
@@ -56,7 +57,8 @@ def wrap(
     if isinstance(client, openai.AsyncOpenAI):
         if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
             raise TypeError("an AsyncOpenAI client needs an httpx.AsyncBaseTransport")
-        inner_async = transport or httpx.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
+        # Sharded: one pool of 1,000 connections would cost the caller O(connections) CPU per request.
+        inner_async = transport or ShardedAsyncTransport(connections=CONNECTION_LIMITS.max_connections or 1000)
         async_http = httpx.AsyncClient(
             transport=AsyncSlotTransport(inner_async, model=model), timeout=_timeout(client), follow_redirects=True
         )

@@ -1,0 +1,191 @@
+"""An ``httpx.AsyncClient`` that stays cheap per call at hundreds of calls in flight.
+
+Why: httpcore's connection pool walks every connection and every queued request on each request and each
+release, so one pool of N connections costs O(N) CPU per call. Past about a hundred calls in flight the caller's
+CPU, not the server, sets the throughput: 128 closed-loop callers on one shared pool got 0.40× what the same
+callers got with a connection each (docs/live.md). A fan-out that the controller sizes to the engine then sees an
+engine that is never full, at exactly the targets this package exists to reach.
+
+:class:`ShardedAsyncTransport` spreads the connections over small pools (``per_shard`` each; 1 by default, i.e.
+a connection per concurrent call) and sends each request to the pool freed last that has room, so the per-call
+cost stays flat in the fan-out and a light load keeps reusing the same few warm connections. A request holds its pool's
+place until its response is closed, so a long stream never shares a pool that looks free. Every pool shares one
+SSL context: building one loads the CA bundle (about 0.1 s of CPU on the shared development machine), which is
+also why 512 callers that each built their own ``httpx.AsyncClient`` completed nothing in their first 10 s.
+
+:class:`ShardedAsyncClient` is an ``httpx.AsyncClient`` on that transport: ``get``/``post``/``request``/``stream``,
+``base_url``, ``headers``, ``timeout``, ``aclose`` and ``async with`` are httpx's own, and the OpenAI SDK takes it
+as ``http_client``::
+
+    async with ShardedAsyncClient(base_url=url, timeout=60, connections=1024) as client:
+        await map_concurrent(texts, lambda t: client.post("/embeddings", json={...}), model="bge-m3")
+
+    openai.AsyncOpenAI(base_url=url, api_key=key, http_client=ShardedAsyncClient(timeout=60))
+
+Size ``connections`` at or above the most calls you will have in flight (the model's ceiling); beyond it requests
+wait in the pools, as with httpx's ``max_connections``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+from model_concurrency.integrations._net import AsyncioBackend
+
+__all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_PER_SHARD", "ShardedAsyncClient", "ShardedAsyncTransport"]
+
+DEFAULT_CONNECTIONS = 1024
+# httpcore walks its connections once per connection on each request (O(n²)) and checks each for expiry, so the
+# smallest pool is the cheapest: at 512 in flight benchmarks/client.py measured pools of 1 ahead of 2, 4 and 8 (and
+# a pool per connection costs ~10 µs to create, 11 ms for 1,024).
+DEFAULT_PER_SHARD = 1
+
+
+class _Held(httpx.AsyncByteStream):
+    """A response body whose closing gives its pool's place back (once)."""
+
+    __slots__ = ("_done", "_inner")
+
+    def __init__(self, inner: httpx.AsyncByteStream, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done: Callable[[], None] | None = done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            done, self._done = self._done, None
+            if done is not None:
+                done()
+
+
+class ShardedAsyncTransport(httpx.AsyncBaseTransport):
+    """``connections`` spread over pools of ``per_shard``; other keywords go to each ``httpx.AsyncHTTPTransport``.
+
+    ``asyncio_network`` (default): connections run on asyncio's own transports (:mod:`._net`) rather than anyio's
+    streams, which cost more CPU per read and write. Pools are created up front but open connections only when
+    used. Like any httpx async transport it belongs to
+    one event loop at a time (the counts are not locked).
+    """
+
+    def __init__(
+        self,
+        *,
+        connections: int = DEFAULT_CONNECTIONS,
+        per_shard: int = DEFAULT_PER_SHARD,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        keepalive_expiry: float | None = 5.0,
+        asyncio_network: bool = True,
+        **transport_kwargs: Any,
+    ) -> None:
+        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
+            raise ValueError(f"connections must be an int >= 1, got {connections!r}")
+        if isinstance(per_shard, bool) or not isinstance(per_shard, int) or per_shard < 1:
+            raise ValueError(f"per_shard must be an int >= 1, got {per_shard!r}")
+        per_shard = min(per_shard, connections)
+        shards = -(-connections // per_shard)
+        # One SSL context for every pool: building one per pool would load the CA bundle once per pool.
+        context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify, cert, trust_env)
+        limits = httpx.Limits(
+            max_connections=per_shard, max_keepalive_connections=per_shard, keepalive_expiry=keepalive_expiry
+        )
+        self.per_shard = per_shard
+        self.shards: list[httpx.AsyncHTTPTransport] = [
+            httpx.AsyncHTTPTransport(verify=context, trust_env=trust_env, limits=limits, **transport_kwargs)
+            for _ in range(shards)
+        ]
+        if asyncio_network:  # httpcore's pools take a backend but httpx's transport does not pass one through
+            backend = AsyncioBackend()
+            for shard in self.shards:
+                shard._pool._network_backend = backend
+        self.in_use = [0] * shards  # requests each pool holds (sent, response not yet closed)
+        # Pools with a free connection, most recently freed on top (its connection is warm); pool 0 first.
+        self._free = list(range(shards - 1, -1, -1))
+
+    @property
+    def connections(self) -> int:
+        return self.per_shard * len(self.shards)
+
+    def _pick(self) -> int:
+        """A pool with a free connection (the last freed); if every pool is full, the least loaded one."""
+        in_use = self.in_use
+        if self._free:
+            index = self._free[-1]
+            in_use[index] += 1
+            if in_use[index] >= self.per_shard:
+                self._free.pop()
+            return index
+        index = min(range(len(in_use)), key=in_use.__getitem__)
+        in_use[index] += 1
+        return index
+
+    def _done(self, index: int) -> None:
+        self.in_use[index] -= 1
+        if self.in_use[index] == self.per_shard - 1:  # it was full: it has room again
+            self._free.append(index)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        index = self._pick()
+        try:
+            response = await self.shards[index].handle_async_request(request)
+        except BaseException:
+            self._done(index)
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _Held(response.stream, lambda: self._done(index))
+        return response
+
+    async def aclose(self) -> None:
+        for shard in self.shards:
+            await shard.aclose()
+
+    def __repr__(self) -> str:
+        return f"ShardedAsyncTransport(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
+
+
+class ShardedAsyncClient(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` on a :class:`ShardedAsyncTransport` (every other keyword is httpx's own).
+
+    ``limits=httpx.Limits(max_connections=N)`` is accepted for a drop-in swap and means ``connections=N``.
+    """
+
+    def __init__(
+        self,
+        *,
+        connections: int | None = None,
+        per_shard: int = DEFAULT_PER_SHARD,
+        limits: httpx.Limits | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http2: bool = False,
+        asyncio_network: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if "transport" in kwargs:
+            raise TypeError("ShardedAsyncClient builds its own transport; use httpx.AsyncClient to pass one")
+        if connections is None:
+            connections = (limits.max_connections if limits is not None else None) or DEFAULT_CONNECTIONS
+        expiry = limits.keepalive_expiry if limits is not None else 5.0
+        transport = ShardedAsyncTransport(
+            connections=connections,
+            per_shard=per_shard,
+            verify=verify,
+            cert=cert,
+            trust_env=trust_env,
+            keepalive_expiry=expiry,
+            asyncio_network=asyncio_network,
+            http2=http2,
+        )
+        super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
+        self.sharded = transport
