@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CallStats", "EngineSnapshot", "Observation", "observe"]
+__all__ = ["CallStats", "EngineSnapshot", "Observation", "counter_delta", "observe"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +36,9 @@ class EngineSnapshot:
     generation_tokens_total: float | None = None
     queue_time_sum_total: float | None = None
     queue_time_count_total: float | None = None
+    # ``vllm:e2e_request_latency_seconds_sum``: the seconds finished requests spent in the server. Its growth over
+    # an interval divided by the interval is the mean number of requests in the server then (Little's law).
+    e2e_latency_sum_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +112,7 @@ class Observation:
             object.__setattr__(self, "inflight_peak", self.inflight)
 
 
-def _delta(now: float | None, before: float | None) -> float | None:
+def counter_delta(now: float | None, before: float | None) -> float | None:
     if now is None or before is None:
         return None
     # A counter that went down was reset (engine restart): count from zero rather than report a negative delta.
@@ -148,11 +151,11 @@ def observe(
     waiting_capacity = snapshot.waiting if snapshot.waiting_capacity is None else snapshot.waiting_capacity
     preemptions = completed = generated = queue_mean = None
     if previous is not None:
-        preemptions = _delta(snapshot.preemptions_total, previous.preemptions_total)
-        completed = _delta(snapshot.success_total, previous.success_total)
-        generated = _delta(snapshot.generation_tokens_total, previous.generation_tokens_total)
-        q_sum = _delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
-        q_count = _delta(snapshot.queue_time_count_total, previous.queue_time_count_total)
+        preemptions = counter_delta(snapshot.preemptions_total, previous.preemptions_total)
+        completed = counter_delta(snapshot.success_total, previous.success_total)
+        generated = counter_delta(snapshot.generation_tokens_total, previous.generation_tokens_total)
+        q_sum = counter_delta(snapshot.queue_time_sum_total, previous.queue_time_sum_total)
+        q_count = counter_delta(snapshot.queue_time_count_total, previous.queue_time_count_total)
         if q_sum is not None and q_count and math.isfinite(q_sum):
             queue_mean = q_sum / q_count
     return Observation(

@@ -31,6 +31,7 @@ from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
     CACHE_CONFIG,
+    E2E_SUM,
     GENERATION,
     KV_USAGE,
     PREEMPTIONS,
@@ -54,7 +55,7 @@ from model_concurrency.signals.vllm import (
 __all__ = ["PrometheusSource", "promql_string"]
 
 Vector = list[tuple[dict[str, str], float]]
-_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT)
+_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT, E2E_SUM)
 
 
 def promql_string(value: str) -> str:

@@ -55,8 +55,20 @@ SUCCESS = "vllm:request_success_total"
 GENERATION = "vllm:generation_tokens_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
 
-_WANTED = {RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT}
+_WANTED = {
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    *KV_USAGE,
+    PREEMPTIONS,
+    SUCCESS,
+    GENERATION,
+    QUEUE_SUM,
+    QUEUE_COUNT,
+    E2E_SUM,
+}
 
 RAY_PREFIX = "ray_"
 
@@ -204,4 +216,5 @@ def snapshot_from_totals(
         generation_tokens_total=totals.get(GENERATION),
         queue_time_sum_total=totals.get(QUEUE_SUM),
         queue_time_count_total=totals.get(QUEUE_COUNT),
+        e2e_latency_sum_total=totals.get(E2E_SUM),
     )
