@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from model_concurrency import config, telemetry
+from model_concurrency import config, export, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.observation import CallStats, EngineSnapshot, counter_delta, observe
@@ -338,6 +338,7 @@ class ModelRuntime:
 
     def _start_poller(self) -> None:
         if self._poller is None and self.source is not None and not self._closed.is_set():
+            export.ensure_started()  # MODEL_CONCURRENCY_EXPORT: publish for `watch --job` (export.py)
             self._poller = threading.Thread(
                 target=self._poll_loop, name=f"model-concurrency-poll-{self.name}", daemon=True
             )
