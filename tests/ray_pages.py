@@ -29,6 +29,7 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
     pre = Counter("ray_vllm_num_preemptions", "Preemptions", labels, registry=reg)
     ok = Counter("ray_vllm_request_success", "Finished", [*labels, "finished_reason"], registry=reg)
     queue = Histogram("ray_vllm_request_queue_time_seconds", "Queue", labels, buckets=QUEUE_BUCKETS, registry=reg)
+    e2e = Histogram("ray_vllm_e2e_request_latency_seconds", "E2E", labels, buckets=QUEUE_BUCKETS, registry=reg)
     # Ray's own series share the page: they must be ignored.
     tasks = Gauge("ray_tasks", "Tasks", ["Name", "State", "SessionName"], registry=reg)
     tasks.labels("LLMServer.__call__", "RUNNING", "session_1").set(7)
@@ -46,4 +47,5 @@ def ray_vllm_page(model: str, replicas: dict[str, list[EngineState]], node: str 
             ok.labels(*lv, "stop").inc(3)
             for wait in state.queue_waits:
                 queue.labels(*lv).observe(wait)
+            e2e.labels(*lv).observe(1.2)
     return generate_latest(reg)

@@ -1,5 +1,6 @@
-"""The lab's figures: what a reader must be able to see (the target above the lines that track it, a legend entry
-for every line, a grid legend that covers no cell), checked on the matplotlib artists rather than on pixels."""
+"""The lab's figures: what a reader must be able to see (the target as a band with the lines that track it visible
+on top, a legend entry for every line, legends that cover no panel, the capacity change named, the oracle
+explained), checked on the matplotlib artists rather than on pixels."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def lines_by_label(ax: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("scenario", ["ramp", "multi-client"])
-def test_target_is_drawn_above_in_flight_and_running(scenario: str) -> None:
+def test_in_flight_and_running_stay_visible_on_the_target(scenario: str) -> None:
     trace = simulate(load_scenario(scenario).scaled(0.03), policy_factory=lambda: load_policy("aimd"))
     fig, axes = plt.subplots(2, 1)
     draw_run(axes, trace, title=scenario)
@@ -32,8 +33,11 @@ def test_target_is_drawn_above_in_flight_and_running(scenario: str) -> None:
     targets = [line for label, line in lines.items() if label.startswith("target")]
     trackers = [line for label, line in lines.items() if label.startswith(("in-flight", "running"))]
     assert targets and len(trackers) == 2
-    assert min(t.get_zorder() for t in targets) > max(t.get_zorder() for t in trackers)
+    # The target is the wide band; the thin lines that sit on it in a healthy run are drawn on top of it.
+    assert max(t.get_zorder() for t in targets) < min(t.get_zorder() for t in trackers)
     assert min(t.get_linewidth() for t in targets) > max(t.get_linewidth() for t in trackers)
+    colours = [line.get_color() for line in (*targets, *trackers)]
+    assert len(set(colours)) == len(colours)
     plt.close(fig)
 
 
@@ -92,13 +96,38 @@ def test_grid_has_one_legend_outside_every_cell(tmp_path: Path, monkeypatch: pyt
     assert not any(label.startswith("target c") for label in labels)
 
 
-def test_single_run_plot_has_its_legend_above_the_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = simulate(load_scenario("gpu-added").scaled(0.05), policy_factory=lambda: load_policy("aimd"))
-    seen = saved_figures(monkeypatch)
-    plot_run(trace, tmp_path / "run.png", title="gpu-added")
-    (figure,) = seen
-    labels = one_legend_clear_of_every_axis(figure)
-    assert {"target", "in-flight", "running (engine)", "capacity change", "KV usage (right axis)"} <= set(labels)
+def test_single_run_plot_explains_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make sim``'s figure: a legend per panel, clear of every axis; the change named; the oracle in a caption."""
+    from model_concurrency.lab.plot import ORACLE_CAPTION, change_labels
+    from model_concurrency.lab.run import run_scenario
+
+    scenario = load_scenario("gpu-added").scaled(0.05)
+    assert change_labels(scenario) == [(30.0, "+3 engines")]
+    result = run_scenario(scenario, lambda: load_policy("aimd"), policy_name="aimd", parallel=False)
+    checked: list[bool] = []
+    original = plt.Figure.savefig
+
+    def check(fig: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(fig, *args, **kwargs)  # laid out as in the file
+        renderer = fig.canvas.get_renderer()
+        top, bottom = fig.axes[:2]
+        boxes = [ax.get_window_extent(renderer) for ax in fig.axes]
+        for panel, must in ((top, {"target", "in-flight", "running (engine)", "oracle target (knee)"}),
+                            (bottom, {"goodput (30 s)", "oracle goodput", "KV usage (right axis)"})):  # fmt: skip
+            legend = panel.get_legend()
+            assert legend is not None
+            assert must <= {text.get_text() for text in legend.get_texts()}
+            assert not any(legend.get_window_extent(renderer).overlaps(box) for box in boxes)
+        assert fig.legends == []
+        assert "+3 engines" in [text.get_text().strip() for text in top.texts]
+        assert ORACLE_CAPTION in [text.get_text() for text in fig.texts]
+        checked.append(True)
+        return result
+
+    monkeypatch.setattr(plt.Figure, "savefig", check)
+    changes = change_labels(scenario)
+    plot_run(result.trace, tmp_path / "run.png", oracle=result.oracle, title="gpu-added", changes=changes)
+    assert checked == [True]
 
 
 def test_legend_entries_collapse_per_client_labels() -> None:

@@ -15,10 +15,10 @@ import logging
 import os
 import threading
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from model_concurrency.policies.base import Policy
 from model_concurrency.signals.scrape import check_metrics_url, has_control_characters, metrics_url_from_base
@@ -40,83 +40,40 @@ __all__ = [
 log = logging.getLogger("model_concurrency")
 T = TypeVar("T")
 
-# Knob names and defaults, in one place so docs and code cannot drift.
-ADAPTIVE_FLAG = ("KG_ADAPTIVE_CONCURRENCY", True)
-MAX_CONCURRENCY = ("MODEL_MAX_CONCURRENCY", 512)
-POLL_S = ("MODEL_CONCURRENCY_POLL_S", 12.0)
-TIMEOUT_S = ("MODEL_CONCURRENCY_TIMEOUT_S", 2.0)
-GRACE_POLLS = ("MODEL_CONCURRENCY_GRACE_POLLS", 3)
-GROWTH_GUARD = ("MODEL_CONCURRENCY_GROWTH_GUARD", True)  # cap growth that buys no completions (guard.py)
-OUTAGE_HANDOVER = ("MODEL_CONCURRENCY_OUTAGE_HANDOVER", True)  # after the grace: the guard, not the floor
-POLICY = ("MODEL_CONCURRENCY_POLICY", "adaptive")
-CONFIG_PATH = ("MODEL_CONCURRENCY_CONFIG", "")
-RAMP_POLL_DIVISOR = ("MODEL_CONCURRENCY_RAMP_POLL_DIVISOR", 6.0)  # while the policy ramps: poll every POLL_S / this
-# Each wait between two polls is POLL_S × (1 ± up to this), drawn per poll: separate processes drift apart instead of
-# polling on fixed phases (controller.py; docs/scale-out.md). 0 = the exact grid.
-POLL_JITTER = ("MODEL_CONCURRENCY_POLL_JITTER", 0.1)
-THREAD_IDLE_S = ("MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0)  # idle worker threads of the sync gate exit after this
-# One Prometheus server for every model that names neither its own prometheus_url nor a metrics_url: the switch
-# from N pollers scraping each engine to one scrape per engine (docs/scale-out.md).
-PROMETHEUS_URL = ("MODEL_CONCURRENCY_PROMETHEUS_URL", "")
+# Knob names and defaults live in knobs.py, in one table the CLI prints and docs/operations.md carries; the
+# (name, default) pairs are re-exported here, where callers have always read them.
+from model_concurrency.knobs import (  # noqa: E402
+    ADAPTIVE_FLAG,
+    CONFIG_PATH,
+    GRACE_POLLS,
+    GROWTH_GUARD,
+    MAX_CONCURRENCY,
+    OUTAGE_HANDOVER,
+    POLICY,
+    POLL_JITTER,
+    POLL_S,
+    PROMETHEUS_URL,
+    RAMP_POLL_DIVISOR,
+    THREAD_IDLE_S,
+    TIMEOUT_S,
+    setting,
+)
 
-# Values that parse but make no sense: warned about once and ignored, like non-numeric ones. A poll interval and
-# a grace of 0 stay valid (poll at every chance; drop to the floor on the first failure).
-_VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
-    MAX_CONCURRENCY[0]: (lambda v: v > 0, "must be > 0"),
-    TIMEOUT_S[0]: (lambda v: v > 0, "must be > 0"),
-    POLL_S[0]: (lambda v: v >= 0, "must be >= 0"),
-    GRACE_POLLS[0]: (lambda v: v >= 0, "must be >= 0"),
-    RAMP_POLL_DIVISOR[0]: (lambda v: v >= 1, "must be >= 1 (1 = no faster polls)"),
-    POLL_JITTER[0]: (lambda v: 0 <= v < 1, "must be >= 0 and < 1 (a share of the poll interval)"),
-    THREAD_IDLE_S[0]: (lambda v: v >= 0, "must be >= 0"),
-}
-
-_FALSE = {"0", "false", "no", "off", ""}
-_TRUE = {"1", "true", "yes", "on"}
-_warned: set[tuple[str, str]] = set()
-
-
-def _parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"not a boolean: {raw!r}")
-
-
-@overload
-def setting(name: str, default: T, cast: None = None) -> T: ...
-@overload
-def setting(name: str, default: T, cast: Callable[[str], T]) -> T: ...
-def setting(name: str, default: Any, cast: Callable[[str], Any] | None = None) -> Any:
-    """Read ``name`` from the environment now; cast it like ``default`` (or with ``cast``); fall back on error."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    if cast is None:
-        if isinstance(default, bool):
-            cast = _parse_bool
-        elif isinstance(default, (int, float)):
-            cast = type(default)
-        else:
-            return raw
-    try:
-        value = cast(raw.strip())
-    except (ValueError, TypeError):
-        if (name, raw) not in _warned:
-            _warned.add((name, raw))
-            log.warning("ignoring %s=%r: not a valid %s; using %r", name, raw, type(default).__name__, default)
-        return default
-    if isinstance(value, float) and value != value:  # NaN
-        return default
-    rule = _VALID.get(name)
-    if rule is not None and not rule[0](value):
-        if (name, raw) not in _warned:
-            _warned.add((name, raw))
-            log.warning("ignoring %s=%r: %s; using %r", name, raw, rule[1], default)
-        return default
-    return value
+__all__ += [
+    "ADAPTIVE_FLAG",
+    "CONFIG_PATH",
+    "GRACE_POLLS",
+    "GROWTH_GUARD",
+    "MAX_CONCURRENCY",
+    "OUTAGE_HANDOVER",
+    "POLICY",
+    "POLL_JITTER",
+    "POLL_S",
+    "PROMETHEUS_URL",
+    "RAMP_POLL_DIVISOR",
+    "THREAD_IDLE_S",
+    "TIMEOUT_S",
+]
 
 
 def _prometheus_url(raw: str) -> str:
@@ -249,7 +206,7 @@ def spec_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
     fields = dict(table)
     key_env = fields.pop("api_key_env", None)
     if key_env:
-        fields["api_key"] = os.environ.get(str(key_env))
+        fields["api_key"] = setting(str(key_env), None, str)
     unknown = set(fields) - set(ModelSpec.__dataclass_fields__)
     if unknown:
         raise ValueError(f"model {name!r}: unknown keys {sorted(unknown)}")

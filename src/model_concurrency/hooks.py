@@ -8,8 +8,10 @@ calls, latency past its baseline, nothing finished; docs/operations.md), the fla
 path with no scrape at all.
 
 Used alone, with nothing in this process counting the model's calls in flight (no ``map_concurrent``, no
-``slot``), the hook's runtime judges use from the engine's ``running``, as the original hook did, and logs that
-once. With the gate or ``slot`` in use, the limiter's own count (its peak over each interval) is what counts.
+``slot``), the hook's runtime judges use from the engine, and logs that once: ``running`` at the poll, and over
+each interval the engine's completions and their e2e latency (Little's law) and the calls finished per answer
+the hook gave (``runtime.engine_view``), so a pool of short embedding calls, rarely caught running, still counts
+as used. With the gate or ``slot`` in use, the limiter's own count (its peak over each interval) is what counts.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CallStats", "EngineSnapshot", "Interval", "Observation", "interval_between", "observe"]
+__all__ = ["CallStats", "EngineSnapshot", "Interval", "Observation", "counter_delta", "interval_between", "observe"]
 
 # ``(upper bound in seconds, cumulative count)`` pairs of a histogram, ending with ``(inf, count)``.
 Buckets = tuple[tuple[float, float], ...]
@@ -64,6 +64,9 @@ class EngineSnapshot:
     queue_time_buckets: Buckets | None = None
     # Set by a source that keeps the previous totals (IntervalMeter): the interval since its previous reading.
     interval: Interval | None = None
+    # ``vllm:e2e_request_latency_seconds_sum``: the seconds finished requests spent in the server. Its growth over
+    # an interval divided by the interval is the mean number of requests in the server then (Little's law).
+    e2e_latency_sum_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,12 +168,18 @@ class _Backwards(Exception):
     """A counter went down between two readings: the engine restarted."""
 
 
-def _delta(now: float | None, before: float | None) -> float | None:
-    if now is None or before is None:
+def counter_delta(now: float | None, before: float | None) -> float | None:
+    """How much a counter grew between two readings; None when either is missing or it went backwards (a restart:
+    the restarted engine's total is not what happened since the earlier reading)."""
+    if now is None or before is None or now < before:
         return None
-    if now < before:
-        raise _Backwards
     return now - before
+
+
+def _delta(now: float | None, before: float | None) -> float | None:
+    if now is not None and before is not None and now < before:
+        raise _Backwards
+    return counter_delta(now, before)
 
 
 def _bucket_deltas(now: Buckets | None, before: Buckets | None) -> Buckets | None:

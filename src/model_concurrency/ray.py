@@ -32,6 +32,7 @@ from model_concurrency import (
 )
 from model_concurrency import config as _config
 from model_concurrency.config import registered_models, spec_fields
+from model_concurrency.extras import require
 
 if TYPE_CHECKING:
     import numpy as np
@@ -193,7 +194,7 @@ class MapBatches:
         fan_out.configure()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import numpy as np
+        np = require("numpy", "ray", "model_concurrency.ray.MapBatches")
 
         if self.column not in batch:
             raise KeyError(f"batch has no column {self.column!r} (it has {sorted(batch)})")
@@ -210,13 +211,13 @@ class MapBatches:
 
 def fan_out_actor(**ray_options: Any) -> Any:
     """``ray.remote(**ray_options)(FanOutWorker)``: ``fan_out_actor(num_cpus=0.25).remote(fan_out)``."""
-    import ray
+    ray = require("ray", "ray", "model_concurrency.ray.fan_out_actor")
 
     return ray.remote(**ray_options)(FanOutWorker) if ray_options else ray.remote(FanOutWorker)
 
 
 def fan_out_task(**ray_options: Any) -> Any:
     """``ray.remote(**ray_options)(run_fan_out)``: ``fan_out_task(num_cpus=0.25).remote(fan_out, items)``."""
-    import ray
+    ray = require("ray", "ray", "model_concurrency.ray.fan_out_task")
 
     return ray.remote(**ray_options)(run_fan_out) if ray_options else ray.remote(run_fan_out)

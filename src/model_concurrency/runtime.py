@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from model_concurrency import config, telemetry
+from model_concurrency import config, export, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.health import Health, HealthWatch, fallback_kind
-from model_concurrency.observation import CallStats, EngineSnapshot, observe
+from model_concurrency.observation import CallStats, EngineSnapshot, counter_delta, observe
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.policies.static import Static
@@ -115,12 +116,52 @@ def poll_step(
     return core.update(obs)
 
 
-def engine_usage(snapshot: EngineSnapshot) -> Usage:
-    """Use judged from the engine's ``running``, for a process whose calls nothing counts (``resolve_capacity``)."""
+def engine_view(
+    snapshot: EngineSnapshot,
+    before: tuple[float, EngineSnapshot] | None,
+    now: float,
+    target: int,
+    answered: tuple[EngineSnapshot, int] | None = None,
+) -> tuple[Usage, CallStats]:
+    """The calls in flight and finished, judged from the engine, for a process whose calls nothing counts
+    (``resolve_capacity`` alone): what the limiter's meter and the call recorder give a fan-out.
+
+    ``running`` at the poll instant misses short calls: an embedding spends a few milliseconds on the engine and
+    most of its round trip on the wire, so a pool that was full all interval is rarely caught running, and the
+    application-limited rule held the hook at its floor on embedding engines (issue 27). Interval figures go
+    in instead, from the engine's counters since the previous reading ``before``:
+
+    * the calls finished (``request_success``) and their mean latency (the e2e histogram's sum over them), as the
+      recorder would count them: the policy's rules that wait for our calls to come back see them come back;
+    * the mean in the server, by Little's law: the e2e seconds spent over the interval's length;
+    * the peak: at least that mean, and at least the calls per answer. ``answered`` is the engine reading at
+      the last poll that followed an answer of the hook, and the answers given since: a caller that sizes each
+      batch or pool from the hook runs that many calls per answer, so it filled a window of ``target`` when the
+      calls finished since over the answers is near ``target`` (capped there). Counted from answer to answer, not
+      per poll: a batch outlasts a fast poll, and a poll between two answers says nothing either way.
+
+    All are server-wide, as ``running`` is: another client's calls count as this one's (docs/operations.md).
+    A first reading, or an engine without the counters, leaves ``running`` and no calls.
+    """
     from model_concurrency.gate.limiter import Usage
 
     running = max(0, round(snapshot.running))
-    return Usage(running, running, float(running))
+    if before is None or now <= before[0]:
+        return Usage(running, running, float(running)), CallStats()
+    then, previous = before
+    spent = counter_delta(snapshot.e2e_latency_sum_total, previous.e2e_latency_sum_total)
+    finished = counter_delta(snapshot.success_total, previous.success_total)
+    mean = spent / (now - then) if spent is not None else float(running)
+    peak = max(running, math.ceil(mean))
+    if answered is not None and answered[1] > 0:
+        since = counter_delta(snapshot.success_total, answered[0].success_total)
+        if since is not None:
+            peak = max(peak, min(target, math.floor(since / answered[1])))
+    calls = CallStats()
+    if finished and spent is not None and math.isfinite(spent):
+        count = round(finished)
+        calls = CallStats(calls=count, latency_sum_s=spent, ok_latency_sum_s=spent, latency_min_s=spent / count)
+    return Usage(running, peak, mean), calls
 
 
 def target_or_floor(model: str | None, floor: int, read: Callable[[], int]) -> int:
@@ -186,6 +227,11 @@ class ModelRuntime:
         self._users = 0
         self._reporting = False  # whether anything ever counted this model's calls in flight here
         self._said_engine_usage = False
+        # The hook-alone path's previous engine reading; the reading at the last poll after an answer of the hook,
+        # and the answers given since (engine_view).
+        self._engine_seen: tuple[float, EngineSnapshot] | None = None
+        self._answered_at: EngineSnapshot | None = None
+        self._answers = 0
         self._poller: threading.Thread | None = None
         self._asked_at: float | None = None
         self._closed = threading.Event()
@@ -349,11 +395,13 @@ class ModelRuntime:
         """
         with self._lock:
             self._asked_at = self.clock()
+            self._answers += 1
             if self.core.poll_interval_s > 0:
                 self._start_poller()
 
     def _start_poller(self) -> None:
         if self._poller is None and self.source is not None and not self._closed.is_set():
+            export.ensure_started()  # MODEL_CONCURRENCY_EXPORT: publish for `watch --job` (export.py)
             self._poller = threading.Thread(
                 target=self._poll_loop, name=f"model-concurrency-poll-{self.name}", daemon=True
             )
@@ -418,14 +466,18 @@ class ModelRuntime:
         with self._lock:
             try:
                 now = self.clock()
-                usage = self.limiter.take_usage()
+                usage, calls = self.limiter.take_usage(), self.calls.drain()
                 if snapshot is not None and not self._reporting:
-                    usage = engine_usage(snapshot)
+                    answered = (self._answered_at, self._answers) if self._answered_at is not None else None
+                    usage, calls = engine_view(snapshot, self._engine_seen, now, self.core.target, answered)
+                    self._engine_seen = (now, snapshot)
+                    if self._answers > 0 or self._answered_at is None:
+                        self._answered_at, self._answers = snapshot, 0
                     if not self._said_engine_usage:
                         self._said_engine_usage = True
                         log.info(
                             "model %s: nothing here counts calls in flight (resolve_capacity alone); judging use "
-                            "from the engine's running requests",
+                            "from the engine's running requests and its completions between polls",
                             self.name,
                         )
                 reason = None
@@ -433,7 +485,7 @@ class ModelRuntime:
                     reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
                 previous, limit = self.core.last_snapshot, self.limiter.limit
                 try:
-                    poll_step(self.core, self.calls.drain(), usage, now, snapshot, reason)
+                    poll_step(self.core, calls, usage, now, snapshot, reason)
                 except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
                     log.exception("model %s: the poll step failed", self.name)
                     snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"

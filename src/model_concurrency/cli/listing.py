@@ -1,4 +1,5 @@
-"""``model-concurrency list``: the scenarios and policies that can be named without a path.
+"""``model-concurrency list``: the scenarios and policies that can be named without a path; ``knobs``: every
+environment knob, its default, the value the environment holds now and what it does (knobs.py).
 
 What ``sim NAME --policy NAME`` and ``compare`` accept: the bundled scenarios (the repository's ``sims/``,
 shipped in the package), the built-in policies, the presets (bundled ones and those on
@@ -18,6 +19,10 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("list", help="show the scenarios and policies available by name", description=__doc__)
     p.set_defaults(func=run)
+    k = subparsers.add_parser(
+        "knobs", help="show every environment knob: default, current value, what it does", description=__doc__
+    )
+    k.set_defaults(func=run_knobs)
 
 
 def _description(path: Any) -> str:
@@ -62,4 +67,20 @@ def run(args: argparse.Namespace) -> int:
     _print("scenarios (model-concurrency sim NAME):", scenarios)
     print()
     _print("policies (--policy NAME; default adaptive):", [(n, f"[{k}]".ljust(13), d) for n, k, d in policy_rows()])
+    return 0
+
+
+def knobs_text() -> str:
+    """The knob table as ``model-concurrency knobs`` prints it (current values from the environment now)."""
+    from model_concurrency.knobs import knob_rows
+
+    header = ("knob", "default", "current", "what it does")
+    rows = [header, *knob_rows()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2].ljust(widths[2])}  {r[3]}" for r in rows]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def run_knobs(args: argparse.Namespace) -> int:
+    print(knobs_text(), end="")
     return 0

@@ -67,14 +67,26 @@ def register(subparsers: Any) -> None:
     r.add_argument("--floor", type=int, default=4, help="static capacity: the target never goes below it")
     r.add_argument("--input-chars", type=int, default=32, help="characters per synthetic input")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--export",
+        metavar="HOST:PORT|PATH",
+        help="publish the job's metrics there for `watch --job` (as MODEL_CONCURRENCY_EXPORT does)",
+    )
     r.set_defaults(func=run)
 
     w = subparsers.add_parser(
         "watch",
         help="live table of every registered model's target and engine signals",
-        description="Poll every model in a models TOML file ([models.NAME] tables, as MODEL_CONCURRENCY_CONFIG "
-        "reads them) and show, refreshed every poll, each one's target, bounds, in-flight calls and the engine "
-        "signals its controller sees. Ctrl-C stops it.",
+        description="With --job: show a running job's own target, in-flight calls, saturation and what limited "
+        "its last decision, read from the page it publishes (MODEL_CONCURRENCY_EXPORT or run --export). Without: "
+        "poll every model in a models TOML file ([models.NAME] tables, as MODEL_CONCURRENCY_CONFIG reads them) "
+        "with controllers of this process and show each one's target, bounds and the engine signals they see "
+        "(not any job's own target). Ctrl-C stops it.",
+    )
+    w.add_argument(
+        "--job",
+        metavar="URL|HOST:PORT|PATH",
+        help="a running job's exported metrics (MODEL_CONCURRENCY_EXPORT / run --export): show its own state",
     )
     w.add_argument("--config", help="models TOML to load (else MODEL_CONCURRENCY_CONFIG)")
     w.add_argument("--interval", type=float, help="refresh seconds (default: MODEL_CONCURRENCY_POLL_S)")
@@ -164,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     base_url = check_base_url(args.base_url)
     served = args.served_model_name or served_name_from(base_url)
     register_model(args.model, base_url=base_url, served_model_name=served, max_parallel_calls=args.floor)
+    if args.export:
+        from model_concurrency import export
+
+        print(f"publishing the job's metrics at {export.start(args.export)} (watch --job {args.export})")
     inputs = synthetic_inputs(args.items, args.input_chars)
     samples: list[tuple[float, int]] = []
     outcome = asyncio.run(_fan_out(args, base_url, served, inputs, samples))
@@ -274,7 +290,8 @@ def render_table(rows: list[dict[str, Any]]) -> Any:
 
     from model_concurrency.cli._output import fmt
 
-    table = Table(title=f"model-concurrency watch — {time.strftime('%H:%M:%S')}")
+    title = "model-concurrency watch — this process's own controllers, not a running job's (see --job)"
+    table = Table(title=f"{title} — {time.strftime('%H:%M:%S')}")
     for title, _ in _COLUMNS:
         justify: Literal["left", "right"] = "left" if title in ("model", "metrics", "policy") else "right"
         # Headers whole; the metrics cell on one line (a failure is a short label, see short_failure).
@@ -323,6 +340,8 @@ def watch(args: argparse.Namespace) -> int:
 
     from model_concurrency import config
 
+    if args.job:
+        return watch_job(args)
     if args.config:
         load_watch_config(args.config)
     if not config.registered_models():
@@ -342,3 +361,24 @@ def watch(args: argparse.Namespace) -> int:
         while True:
             time.sleep(interval)
             live.update(render_table(utilization_rows()))
+
+
+def watch_job(args: argparse.Namespace) -> int:
+    """``watch --job``: the job's page, read every interval (cli/job.py renders it)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from model_concurrency.cli.job import job_page, job_rows, render_job_table
+
+    def table() -> Any:
+        return render_job_table(job_rows(job_page(args.job)), args.job)
+
+    console = Console()
+    if args.once:
+        console.print(table())
+        return 0
+    interval = max(0.2, float(args.interval if args.interval is not None else 1.0))
+    with Live(table(), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            live.update(table())

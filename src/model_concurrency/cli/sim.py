@@ -57,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
     rows = [{"key": k, "value": v} for k, v in result.summary.items()]
     print_table(rows, ["key", "value"], title=f"{scenario.name} — policy {args.policy}")
     if args.plot:
-        path = plot_run(
-            result.trace, args.plot, oracle=result.oracle, title=f"{scenario.name}: {args.policy} (oracle dotted)"
-        )
+        from model_concurrency.lab.plot import change_labels
+
+        oracle = " against the oracle (dotted: the best fixed target of each phase, see the caption)"
+        title = f"{scenario.name}: policy {args.policy}" + (oracle if result.oracle is not None else "")
+        path = plot_run(result.trace, args.plot, oracle=result.oracle, title=title, changes=change_labels(scenario))
         print(f"plot: {path}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

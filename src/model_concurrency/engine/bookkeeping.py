@@ -34,7 +34,6 @@ __all__ = ["Bookkeeping", "OwningServer", "Signals"]
 Signals = tuple[float, float, float, int, int, float, float, float, float, float]
 
 
-
 class OwningServer(Protocol):
     """What an engine core settles at each finish in the server that owns it (``topology.Server`` is one).
 

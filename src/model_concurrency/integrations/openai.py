@@ -19,10 +19,15 @@ from __future__ import annotations
 from typing import Any, cast, overload
 
 import httpx
-import openai
 
+from model_concurrency.extras import raise_missing
 from model_concurrency.integrations.client import ShardedAsyncTransport
 from model_concurrency.integrations.httpx import AsyncSlotTransport, SlotTransport
+
+try:
+    import openai
+except ModuleNotFoundError as exc:  # the [openai] extra
+    raise_missing(exc, "openai", "openai", "model_concurrency.integrations.openai")
 
 __all__ = ["wrap"]
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-import os
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from model_concurrency import config
+from model_concurrency import config, knobs
 from model_concurrency.config import get_model, register_model
 from model_concurrency.emulator.app import Emulator, create_app
 from model_concurrency.emulator.core import EmulatorConfig
@@ -158,7 +157,7 @@ class AsgiMetricsSource:
 
 @contextlib.contextmanager
 def _knobs(scenario: Scenario) -> Iterator[None]:
-    """The scenario's poll interval, jitter, ceiling and grace, as production reads them (from the environment)."""
+    """The scenario's poll interval, jitter, ceiling and grace, passed to production's ``setting()`` as overrides."""
     c = scenario.clients
     values = {
         "MODEL_CONCURRENCY_POLL_S": str(c.poll_s),
@@ -169,16 +168,8 @@ def _knobs(scenario: Scenario) -> Iterator[None]:
         "MODEL_CONCURRENCY_GRACE_POLLS": str(c.grace_polls),
         "KG_ADAPTIVE_CONCURRENCY": "on",
     }
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
+    with knobs.overrides(values):  # passed as settings: the process's environment is left alone
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def run_live(scenario: Scenario, policy: str = "adaptive", *, capacity: int | None = None) -> Trace:

@@ -7,27 +7,28 @@ or silently stops drawing, fails the suite instead of rotting.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from model_concurrency import knobs
+from model_concurrency.knobs import setting
+
 __all__ = ["FAST_ENV", "FIGURES_ENV", "fast_mode", "figure_dir", "save_figure"]
 
-FAST_ENV = "MODEL_CONCURRENCY_FAST"
-FIGURES_ENV = "MODEL_CONCURRENCY_FIGURES"
+FAST_ENV = knobs.FAST[0]
+FIGURES_ENV = knobs.FIGURES[0]
 
 
 def fast_mode(default: bool) -> bool:
     """The notebook's ``FAST`` parameter, forced on by ``MODEL_CONCURRENCY_FAST=1`` (and off by ``=0``)."""
-    value = os.environ.get(FAST_ENV)
-    if value is None or value == "":
+    if not setting(FAST_ENV, ""):
         return default
-    return value.strip().lower() not in ("0", "false", "no")
+    return bool(setting(FAST_ENV, default))
 
 
 def figure_dir(default: str | Path = "out/notebooks") -> Path:
     """Where a notebook writes its PNGs: ``MODEL_CONCURRENCY_FIGURES`` if set, else ``default``."""
-    path = Path(os.environ.get(FIGURES_ENV) or default)
+    path = Path(setting(FIGURES_ENV, "") or default)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_concurrency import knobs
+from model_concurrency.knobs import setting
 from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
 from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
@@ -55,8 +57,8 @@ _RUN_VERSION = 3
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("MODEL_CONCURRENCY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "model_concurrency"
+    root = setting(*knobs.CACHE) or os.path.join(
+        setting("XDG_CACHE_HOME", "") or os.path.expanduser("~/.cache"), "model_concurrency"
     )
     return Path(root) / "oracle"
 
@@ -200,7 +202,7 @@ def per_replica_sweeps(scenario: Scenario) -> bool:
     added engines keep the full sweep of each phase), and no rate limit (one limit for the whole fan-out is not a
     share of it per replica). ``MODEL_CONCURRENCY_ORACLE_FULL_SWEEP=1`` sweeps the whole fleet regardless.
     """
-    if os.environ.get("MODEL_CONCURRENCY_ORACLE_FULL_SWEEP", "").strip() not in ("", "0"):
+    if setting(*knobs.ORACLE_FULL_SWEEP):
         return False
     return (
         scenario.fleet.replicas > 1

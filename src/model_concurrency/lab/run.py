@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import simpy
 
+from model_concurrency import knobs
+from model_concurrency.knobs import setting
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
@@ -181,7 +183,7 @@ PARALLEL_MIN_ENGINE_SECONDS = 20_000.0
 def _oracle_in_parallel(scenario: Scenario, parallel: bool | None) -> bool:
     if parallel is not None:
         return parallel
-    if os.environ.get("MODEL_CONCURRENCY_SERIAL", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    if setting(*knobs.SERIAL):
         return False
     engine_seconds = scenario.fleet.engines * scenario.fleet.replicas * scenario.duration_s
     return (os.cpu_count() or 1) > 1 and engine_seconds >= PARALLEL_MIN_ENGINE_SECONDS

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from model_concurrency.bundled import bundled_dir
+from model_concurrency.knobs import POLICY_PATH, setting
 from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.aimd import AIMD
 from model_concurrency.policies.aimd_slowstart import AIMDSlowStart
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "model_concurrency.policies"
-POLICY_PATH_ENV = "MODEL_CONCURRENCY_POLICY_PATH"
+POLICY_PATH_ENV = POLICY_PATH[0]
 #: The bundled presets: the repository's policies/ folder, shipped inside the package (model_concurrency.bundled).
 REPO_PRESET_DIR = bundled_dir("policies")
 _PRESET_KEYS = frozenset({"name", "policy", "description"})
@@ -101,7 +102,7 @@ class PolicyPreset:
 
 def preset_dirs() -> list[Path]:
     """Folders searched for presets, in order: ``MODEL_CONCURRENCY_POLICY_PATH`` entries, then the repo's."""
-    dirs = [Path(p).expanduser() for p in os.environ.get(POLICY_PATH_ENV, "").split(os.pathsep) if p.strip()]
+    dirs = [Path(p).expanduser() for p in setting(POLICY_PATH_ENV, "").split(os.pathsep) if p.strip()]
     dirs.append(REPO_PRESET_DIR)
     return [d for d in dirs if d.is_dir()]
 

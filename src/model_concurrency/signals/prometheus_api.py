@@ -32,6 +32,7 @@ from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, check_metrics_url, fetch_text
 from model_concurrency.signals.vllm import (
     CACHE_CONFIG,
+    E2E_SUM,
     GENERATION,
     KV_USAGE,
     PREEMPTIONS,
@@ -57,7 +58,10 @@ from model_concurrency.signals.vllm import (
 __all__ = ["PrometheusSource", "promql_string"]
 
 Vector = list[tuple[dict[str, str], float]]
-_SUMMED = (RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT, QUEUE_BUCKET)
+_SUMMED = (
+    RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT, QUEUE_BUCKET,
+    E2E_SUM,
+)  # fmt: skip
 
 
 def promql_string(value: str) -> str:

@@ -57,10 +57,11 @@ GENERATION = "vllm:generation_tokens_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_BUCKET = "vllm:request_queue_time_seconds_bucket"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
 
 _WANTED = {
     RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT,
-    QUEUE_BUCKET,
+    QUEUE_BUCKET, E2E_SUM,
 }  # fmt: skip
 
 RAY_PREFIX = "ray_"
@@ -233,4 +234,5 @@ def snapshot_from_totals(
         queue_time_sum_total=totals.get(QUEUE_SUM),
         queue_time_count_total=totals.get(QUEUE_COUNT),
         queue_time_buckets=queue_buckets(buckets or {}),
+        e2e_latency_sum_total=totals.get(E2E_SUM),
     )
