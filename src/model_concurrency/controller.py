@@ -253,8 +253,10 @@ class ControllerCore:
             )
         return self.target
 
-    def note_throttled(self, inflight: int) -> int:
+    def note_throttled(self, inflight: int, factor: float | None = None) -> int:
         """A call came back 429/503: the target drops to ``throttle_cut`` × the calls still in flight, at once.
+
+        ``factor`` replaces ``throttle_cut`` for one cut (a gentler cut on a queue-TTL expiry: gate/outcome.py).
 
         Between polls the target is otherwise fixed, so a window far above what the server allows would meet
         every freed slot with another refused call (a poll's worth of them: 13,000 on ``rate-limited``). Cut at
@@ -264,7 +266,8 @@ class ControllerCore:
         (adaptive), 0.9-1.0 % against 1.8-3.2 % (gradient); docs/results.md. Off with the guard.
         """
         if self.guard.enabled:
-            self.target_value = self._clamp(min(self.target_value, float(inflight) * self.throttle_cut))
+            cut = self.throttle_cut if factor is None else factor
+            self.target_value = self._clamp(min(self.target_value, float(inflight) * cut))
         return self.target
 
     def fail(self, now: float, reason: str, *, inflight: int = 0) -> int:
@@ -319,12 +322,14 @@ class CallRecorder:
         self.latency_sum = self.ok_latency_sum = 0.0
         self.latency_min: float | None = None
 
-    def record(self, latency_s: float, *, ok: bool, status: int | None = None) -> None:
+    def record(self, latency_s: float, *, ok: bool, status: int | None = None, throttled: bool | None = None) -> None:
+        """One call. ``throttled`` (a refusal that says "slow down": gate/outcome.py) defaults to the status being
+        429 or 503."""
         with self._lock:
             self.calls += 1
             if not ok:
                 self.errors += 1
-            if status in THROTTLED:
+            if throttled if throttled is not None else status in THROTTLED:
                 self.throttled += 1
             if math.isfinite(latency_s) and latency_s >= 0:
                 self.latency_sum += latency_s

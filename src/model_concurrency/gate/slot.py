@@ -18,13 +18,16 @@ not running on; used inside a running loop it would, so use ``async with`` there
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from time import perf_counter
 from types import TracebackType
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
+from model_concurrency.gate.outcome import Outcome
+from model_concurrency.gate.rejections import note_failure, note_success, outcome_of
 from model_concurrency.gate.stats import status_of
-from model_concurrency.gate.target import THROTTLED, checked_tokens, note_throttle
+from model_concurrency.gate.target import checked_tokens
 from model_concurrency.hooks import warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -34,7 +37,7 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_runtime", "_start", "_status", "model", "tokens")
+    __slots__ = ("_outcome", "_runtime", "_sent_at", "_start", "_status", "model", "tokens")
 
     def __init__(self, model: str | None = None, *, tokens: float | None = None) -> None:
         self.model = model
@@ -42,7 +45,9 @@ class slot:
         self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
         self._start = 0.0
+        self._sent_at = 0.0
         self._status: int | None = None
+        self._outcome: Outcome | None = None  # a response's verdict, applied when it arrived
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -52,12 +57,17 @@ class slot:
     def set_status(self, status: int, retry_after_s: float | None = None) -> None:
         """The call's HTTP status, for callers that get a response instead of an exception (a transport).
 
-        A status >= 400 makes the call a failure; 429/503 a throttled one, whose ``retry_after_s`` (if any) holds
-        the model's admissions.
+        A status >= 400 makes the call a failure, classified by the table (gate/outcome.py); ``retry_after_s``
+        stands for a ``Retry-After`` header. :meth:`set_response` passes every header instead.
         """
+        headers = {"retry-after": repr(float(retry_after_s))} if retry_after_s is not None else None
+        self.set_response(status, headers)
+
+    def set_response(self, status: int, headers: Mapping[str, str] | None = None) -> None:
+        """The call's HTTP status and response headers: a failure's verdict (cut, hold, outage...) is applied when
+        the slot is left, by the same rule as every other entry point (gate/rejections.py)."""
         self._status = status
-        if status in THROTTLED and retry_after_s is not None and self._runtime is not None:
-            self._runtime.note_retry_after(retry_after_s)
+        self._outcome = outcome_of(None, status, headers) if status >= 400 else None
 
     def _begin(self) -> ModelRuntime:
         if self._runtime is not None:
@@ -65,7 +75,7 @@ class slot:
         if get_model(self.model) is None:
             warn_unknown(self.model)
         runtime = runtime_for(self.model)
-        self._status = None
+        self._status, self._outcome = None, None
         runtime.enter()
         try:
             runtime.apply_limits()
@@ -80,17 +90,16 @@ class slot:
         assert runtime is not None
         latency = perf_counter() - self._start
         runtime.limiter.release(self.tokens)
-        status = self._status
+        status, outcome = self._status, self._outcome
         if exc is None and (status is None or status < 400):
             runtime.calls.record(latency, ok=True, status=status)
-        elif exc is None:
-            runtime.calls.record(latency, ok=False, status=status)
-            if status in THROTTLED:
-                runtime.note_throttled()
+            note_success(runtime)
         else:
-            status = status_of(exc) if status is None else status
-            runtime.calls.record(latency, ok=False, status=status)
-            note_throttle(runtime, status, exc)
+            if outcome is None:  # no response reported: the exception says what happened
+                outcome = outcome_of(exc, status, None)
+                status = status_of(exc) if status is None and exc is not None else status
+            runtime.calls.record(latency, ok=False, status=status, throttled=outcome.throttled)
+            note_failure(runtime, outcome, self._sent_at, answered=status is not None)
         runtime.leave()
 
     def _abandon(self) -> None:
@@ -119,6 +128,7 @@ class slot:
             self._abandon()
             raise
         self._start = perf_counter()
+        self._sent_at = limiter.clock()
         return self
 
     def __exit__(
@@ -140,6 +150,7 @@ class slot:
             self._abandon()
             raise
         self._start = perf_counter()
+        self._sent_at = limiter.clock()
         return self
 
     async def __aexit__(
