@@ -344,13 +344,16 @@ class _Run:
         self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0, mode: WorkerMode = GATED
     ) -> None:
         attempt = 0
+        outage = self.target.limiter.hold.outage
         while True:
+            probe = outage.active  # sent while the model was unreachable: a failure only says it still is
             result, exc = await self._attempt(value, limiter, units)
             delay = self.retry.delay(exc, attempt) if self.retry is not None and mode != OPPORTUNISTIC else None
             if delay is None or self.stopped:
                 break
-            # retries= (gate/retries.py): the slot was given back; wait, then queue for one like a new call.
-            attempt += 1
+            # retries= (gate/retries.py): the slot was given back; wait, then queue for one like a new call. A
+            # failed probe costs no attempt: the outage rule bounds those by max_outage_s.
+            attempt += 0 if probe and outage.active else 1
             await asyncio.sleep(delay)
             if limiter is not None:
                 try:

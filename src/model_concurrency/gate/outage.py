@@ -12,7 +12,8 @@ The rule (pure state here; :mod:`.rejections` applies it to a model's runtime):
 * failures of calls sent before the outage opened (or before the last probe was scheduled) are the same outage
   seen late and change nothing; a failed probe doubles the wait, from :data:`FIRST_PROBE_S` up to
   :data:`MAX_PROBE_S`;
-* a call that succeeds ends it: the limiter goes back to the target at once;
+* a call sent since it opened that succeeds (or gets any HTTP answer but a 502/504) ends it: the limiter goes
+  back to the target at once;
 * an item that waits for a model unreachable for longer than ``MODEL_CONCURRENCY_MAX_OUTAGE_S`` (default 60 s)
   fails with :class:`ModelUnreachable`; probes go on, so the model is picked up again when it returns.
   ``MODEL_CONCURRENCY_MAX_OUTAGE_S=0`` turns the rule off (each call fails at once, as before).
@@ -27,7 +28,7 @@ __all__ = ["FIRST_PROBE_S", "MAX_OUTAGE_S", "MAX_PROBE_S", "ModelUnreachable", "
 
 MAX_OUTAGE_S = ("MODEL_CONCURRENCY_MAX_OUTAGE_S", 60.0)
 FIRST_PROBE_S = 0.25
-MAX_PROBE_S = 4.0
+MAX_PROBE_S = 2.0
 
 
 class ModelUnreachable(RuntimeError):
@@ -76,12 +77,14 @@ class Outage:
                 self.probes_failed += 1
             return False
 
-    def succeed(self) -> bool:
-        """A call succeeded. True when this ended an outage (the caller restores its limiter)."""
+    def succeed(self, sent_at: float) -> bool:
+        """A call sent at ``sent_at`` succeeded. True when this ended an outage (the caller restores its limiter).
+
+        A call sent before the outage opened says the model *was* reachable then, not that it is now: no change."""
         if self.since is None:
             return False
         with self._lock:
-            if self.since is None:
+            if self.since is None or sent_at < self.since:
                 return False
             self.since = None
             self.until = -math.inf

@@ -11,7 +11,8 @@ requests are slots), so a rejection means the same thing whichever way the call 
 * *outage*: the outage rule (:mod:`.outage`): new calls wait, one probe at a time, with backoff;
 * *no-information* / *error*: nothing beyond the call's own record.
 
-A call that succeeds, or any HTTP answer other than a proxy's 502/504, ends an outage: the model is reachable.
+A call sent since an outage opened that succeeds, or gets any HTTP answer other than a proxy's 502/504, ends the
+outage: the model is reachable.
 """
 
 from __future__ import annotations
@@ -61,23 +62,23 @@ def note_failure(runtime: ModelRuntime, outcome: Outcome, sent_at: float, *, ans
             runtime.apply_limits()  # pinned to one probe while the outage lasts (ModelLimiter.resize)
         return
     if answered:
-        _reachable(runtime)
+        _reachable(runtime, sent_at)
     if outcome.cuts and limiter.flights.admit(sent_at, runtime.clock()):
         runtime.note_throttled(GENTLE_CUT_FACTOR if outcome.kind is Kind.GENTLE_CUT else None)
     if outcome.hold_s is not None:
         runtime.note_retry_after(outcome.hold_s)
 
 
-def note_success(runtime: ModelRuntime) -> None:
-    """A call succeeded: an outage, if any, is over."""
+def note_success(runtime: ModelRuntime, sent_at: float) -> None:
+    """A call sent at ``sent_at`` succeeded: an outage opened before it was sent is over."""
     if runtime.limiter.hold.outage.active:
-        _reachable(runtime)
+        _reachable(runtime, sent_at)
 
 
-def _reachable(runtime: ModelRuntime) -> None:
+def _reachable(runtime: ModelRuntime, sent_at: float) -> None:
     outage = runtime.limiter.hold.outage
     since = outage.since
-    if outage.succeed():
+    if outage.succeed(sent_at):
         gone = runtime.clock() - since if since is not None else 0.0
         log.warning("model %s reachable again after %.1f s; back to its target", runtime.name, gone)
         runtime.apply_limits()

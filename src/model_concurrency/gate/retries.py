@@ -9,7 +9,8 @@ the model (the classification table, gate/outcome.py: cut, gentle cut, hold, no 
 Between attempts the item gives its slot back and waits ``base_s × 2^attempt`` (× a random 0.5–1, so refused calls
 do not return together; capped at ``max_s``), and at least the delay the rejection named (``Retry-After``,
 ``retry-after-ms``, a bucket reset). It then queues for a slot like any new call, so the hold and the outage
-rule apply to it: during an outage a retried item waits with the others, one probe at a time.
+rule apply to it: during an outage a retried item waits with the others, one probe at a time. A failed probe (a
+call sent while the model was already unreachable) costs the item no attempt: ``max_outage_s`` bounds those.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ class Target:
         if exc is None:
             if self.recorder is not None:
                 self.recorder.record(latency_s, ok=True)
-            note_success(self.runtime)
+            if self.runtime.limiter.hold.outage.active:
+                note_success(self.runtime, self.runtime.clock() - latency_s)
             return
         status = status_of(exc)
         tally.add_error(exc, status)

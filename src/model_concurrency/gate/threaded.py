@@ -152,13 +152,15 @@ class _SyncRun:
         """Run one item (on a pool thread, or inline when nested): call, release, settle; with ``retries=``, the
         failed attempts are recorded here and the item sent again after a backoff and a new slot."""
         attempt = 0
+        outage = self.target.limiter.hold.outage
         while True:
+            probe = outage.active  # a failed probe costs no attempt (as in gate/aio.py)
             result, exc, latency = self._attempt(index, value, limiter, units)
             delay = self.retry.delay(exc, attempt) if self.retry is not None else None
             if delay is None or self.stopped or self.results[index] is not _PENDING:
                 break
             self.target.record(latency, exc)
-            attempt += 1
+            attempt += 0 if probe and outage.active else 1
             sleep(delay)
             if limiter is not None:
                 try:
