@@ -10,8 +10,10 @@ model's token budget is spent too (see docs/gate.md). Entering takes a permit fr
 FIFO, while the target is reached), so the call is in
 the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
 exception's HTTP status when it carries one, or the status a transport reported with :meth:`slot.set_status`)
-for the next poll. A 429/503 whose response names a ``Retry-After`` holds the model's admissions until then
-(:mod:`.hold`): entering a slot waits for the hold, and a throttled call never counts as a success.
+for the next poll. A failed call is classified (gate/outcome.py) and its verdict applied (gate/rejections.py): a
+refusal cuts the target once per flight, a delay it names holds the model's admissions (:mod:`.hold`), a refused
+connection opens the outage hold (:mod:`.outage`); entering a slot waits for either hold, and a throttled call never
+counts as a success.
 While any slot is held the model's runtime polls on schedule. The sync form never blocks an event loop it is
 not running on; used inside a running loop it would, so use ``async with`` there.
 """
