@@ -19,6 +19,7 @@ after the last restart the target took to be back at >= 0.8x that level. Exit st
 (>= 99 % succeed, none lost, 0 in flight, the target back within 10 polls).
 
     python benchmarks/chaos.py [--items 6000] [--kills 4] [--down-s 2] [--retries 3] [--poll-s 0.5]
+                               [--max-outage-s 0]   # the baseline: the outage rule off (with --retries 0: as before)
 
 The suite runs a scaled-down copy (tests/test_chaos.py: 600 items, 3 kills of 1 s).
 """
@@ -235,7 +236,12 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--speed", type=float, default=0.05, help="engine speed (slower = longer calls)")
     parser.add_argument("--form", choices=("single", "processes"), default="single", help="how the emulator runs")
+    parser.add_argument(
+        "--max-outage-s", type=float, help="MODEL_CONCURRENCY_MAX_OUTAGE_S for this run (0: the rule off, the baseline)"
+    )
     args = parser.parse_args()
+    if args.max_outage_s is not None:
+        os.environ["MODEL_CONCURRENCY_MAX_OUTAGE_S"] = str(args.max_outage_s)
     report = run(
         items=args.items,
         kills=args.kills,
