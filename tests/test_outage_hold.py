@@ -6,6 +6,7 @@ MODEL_CONCURRENCY_MAX_OUTAGE_S=0 behaves as before (every item tried and failed)
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,3 +172,28 @@ def test_a_proxys_502_holds_slot_callers_until_a_call_succeeds() -> None:
         assert client.get(server.url).status_code == 200
     assert not runtime.limiter.hold.outage.active
     assert runtime.limiter.limit == 16
+
+
+def test_the_outage_state_exact() -> None:
+    """The rule on a clock given by hand: open, ignore the stragglers, back off on failed probes, close."""
+    from model_concurrency.gate.outage import Outage
+
+    outage = Outage()
+    assert not outage.fail(sent_at=0.0, now=1.0, reason="r", max_s=0)  # 0: the rule is off
+    assert not outage.active
+    assert outage.fail(sent_at=0.0, now=10.0, reason="refused", max_s=30)  # opens
+    assert (outage.since, outage.until, outage.opened) == (10.0, 10.25, 1)
+    assert not outage.fail(sent_at=9.0, now=10.1, reason="reset", max_s=30)  # in flight when it broke: no change
+    assert outage.until == 10.25
+    assert not outage.fail(sent_at=10.3, now=10.3, reason="refused", max_s=30)  # the probe failed: 0.5 s
+    assert (outage.until, outage.backoff_s) == (10.8, 0.5)
+    for now in (11.0, 12.0, 13.0, 14.0):
+        outage.fail(sent_at=now, now=now, reason="refused", max_s=30)
+    assert (outage.backoff_s, outage.until, outage.probes_failed) == (2.0, 16.0, 5)
+    outage.check(40.0)  # 30 s: not yet
+    with pytest.raises(ModelUnreachable, match=r"unreachable for 30\.1 s .*max_outage_s = 30 s.*refused"):
+        outage.check(40.1)
+    assert not outage.succeed(sent_at=9.5)  # sent before it opened: says nothing about now
+    assert outage.succeed(sent_at=41.0)
+    assert (outage.active, outage.until) == (False, -math.inf)
+    outage.check(1000.0)  # closed: nothing to raise
