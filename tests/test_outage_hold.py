@@ -197,3 +197,24 @@ def test_the_outage_state_exact() -> None:
     assert outage.succeed(sent_at=41.0)
     assert (outage.active, outage.until) == (False, -math.inf)
     outage.check(1000.0)  # closed: nothing to raise
+
+
+def test_the_wrapped_openai_client_opens_and_ends_an_outage() -> None:
+    """openai's APIConnectionError (wrapping httpx's ConnectError) through the wrapped client is an outage; the
+    SDK's own retry waits in the hold like any call, and the first answer from the server ends it."""
+    import openai
+
+    from model_concurrency.integrations.openai import wrap
+
+    runtime = model()
+    url = refused_url()
+    client = wrap(openai.OpenAI(base_url=url, api_key="k", max_retries=0), model="m")
+    with pytest.raises(openai.APIConnectionError):
+        client.embeddings.create(model="x", input="a")
+    assert runtime.limiter.hold.outage.active and runtime.limiter.limit == 1
+    with comes_up_later(url, 0.0):
+        retrying = wrap(openai.OpenAI(base_url=url, api_key="k", max_retries=1), model="m")
+        with pytest.raises(openai.APIStatusError):  # the test server answers 200 "ok" to GET only: 501 to POST
+            retrying.embeddings.create(model="x", input="a")
+    assert not runtime.limiter.hold.outage.active
+    assert runtime.limiter.limit == 16
