@@ -269,8 +269,10 @@ class ControllerCore:
         cap, knee = self.guard.throttle_cap, self.guard.cap
         return cap is not None and guarded >= cap and (knee is None or cap <= knee)
 
-    def note_throttled(self, inflight: int, now: float | None = None) -> int:
+    def note_throttled(self, inflight: int, now: float | None = None, factor: float | None = None) -> int:
         """A call came back 429/503: the target drops to ``throttle_cut`` × the calls still in flight, at once.
+
+        ``factor`` replaces ``throttle_cut`` for one cut (a gentler cut on a queue-TTL expiry: gate/outcome.py).
 
         Between polls the target is otherwise fixed, so a window far above what the server allows would meet
         every freed slot with another refused call (a poll's worth of them: 13,000 on ``rate-limited``). Cut at
@@ -281,7 +283,8 @@ class ControllerCore:
         """
         if self.guard.enabled:
             before = self.target
-            self.target_value = self._clamp(min(self.target_value, float(inflight) * self.throttle_cut))
+            cut = self.throttle_cut if factor is None else factor
+            self.target_value = self._clamp(min(self.target_value, float(inflight) * cut))
             if self.target != before:
                 at = now if now is not None else (self.last_poll_time or 0.0)
                 why = f"a call came back 429/503 with {inflight} in flight"
@@ -339,12 +342,14 @@ class CallRecorder:
         self.latency_sum = self.ok_latency_sum = 0.0
         self.latency_min: float | None = None
 
-    def record(self, latency_s: float, *, ok: bool, status: int | None = None) -> None:
+    def record(self, latency_s: float, *, ok: bool, status: int | None = None, throttled: bool | None = None) -> None:
+        """One call. ``throttled`` (a refusal that says "slow down": gate/outcome.py) defaults to the status being
+        429 or 503."""
         with self._lock:
             self.calls += 1
             if not ok:
                 self.errors += 1
-            if status in THROTTLED:
+            if throttled if throttled is not None else status in THROTTLED:
                 self.throttled += 1
             elif not ok and (status is None or status == 408 or status >= 500):
                 self.server_errors += 1

@@ -91,6 +91,11 @@ PROMETHEUS_URL = _knob(
 THREAD_IDLE_S = _knob(
     "MODEL_CONCURRENCY_THREAD_IDLE_S", 10.0, "idle worker threads of the sync gate exit after this many seconds"
 )
+MAX_OUTAGE_S = _knob(
+    "MODEL_CONCURRENCY_MAX_OUTAGE_S",
+    60.0,
+    "items wait this long for an unreachable model (the outage hold) before failing with ModelUnreachable; 0: off",
+)
 EXPORT = _knob(
     "MODEL_CONCURRENCY_EXPORT",
     "",

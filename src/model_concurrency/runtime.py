@@ -303,16 +303,16 @@ class ModelRuntime:
         log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until
 
-    def note_throttled(self) -> int:
+    def note_throttled(self, factor: float | None = None) -> int:
         """A call came back 429/503: the target drops to the calls still in flight, now, not at the next poll.
 
         The rule is :meth:`ControllerCore.note_throttled` (the lab's clients call the same one); this applies it
-        to the limiter at once. Returns the limit in force.
+        to the limiter at once. ``factor``: a gentler cut than the core's (gate/outcome.py). Returns the limit.
         """
         if not self.adaptive:
             return self.floor
         with self._lock:
-            self.core.note_throttled(self.limiter.inflight(), self.clock())
+            self.core.note_throttled(self.limiter.inflight(), self.clock(), factor)
             self.published = self._state_locked()
             telemetry.publish(self.published, polled=False)
         self.apply_limits()
@@ -455,7 +455,9 @@ class ModelRuntime:
             return False
         now = self.clock()
         with self._lock:
-            if self._polling or not self.core.poll_due(now):
+            # While the model is unreachable by its own calls (gate/outage.py) a poll says nothing new: the
+            # target is kept for when it returns, the limiter meanwhile admits one probe at a time.
+            if self._polling or not self.core.poll_due(now) or self.limiter.hold.outage.active:
                 return False
             self._polling = True
             self._refresh_knobs()

@@ -47,6 +47,17 @@ def register(subparsers: Any) -> None:
     )
     e.add_argument("--max-model-len", type=int, default=8192, help="context length: prompt + output tokens")
     e.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        help="refuse a call past this many queued requests (accepted, not running), as vLLM's admission control",
+    )
+    e.add_argument(
+        "--reject-style",
+        default="vllm",
+        help="how a refusal looks: vllm, sglang (503), llm-d (429 rejected-saturated), llm-d-ttl, llm-d-evicted, "
+        "dynamo (529), openai, anthropic (429 with their rate-limit headers)",
+    )
+    e.add_argument(
         "--log-level",
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
@@ -114,6 +125,8 @@ def emulate(args: argparse.Namespace) -> int:
         tokens_per_minute=args.tpm,
         tokenizer=args.tokenizer,
         max_model_len=args.max_model_len,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        reject_style=args.reject_style,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)

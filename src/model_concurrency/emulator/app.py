@@ -285,6 +285,8 @@ def _guarded(handler: Handler) -> Handler:
                     "Retry-After": str(max(1, math.ceil(err.retry_after_s))),
                     "retry-after-ms": str(max(1, math.ceil(err.retry_after_s * 1000))),
                 }
+            if err.headers:  # a rejection style's own headers (emulator/rejections.py) replace the defaults
+                headers = dict(err.headers)
             return JSONResponse(error_body(err), status_code=err.status, headers=headers)
 
     return endpoint

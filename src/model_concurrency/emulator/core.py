@@ -26,6 +26,7 @@ import simpy
 
 from model_concurrency.emulator.clock import SimDriver
 from model_concurrency.emulator.openai_shapes import ApiError
+from model_concurrency.emulator.rejections import check_style, queue_full
 from model_concurrency.emulator.tokens import make_counter
 from model_concurrency.engine import EngineDownError, EnginePreset, FrontEndCost, Request, Server, get_preset
 from model_concurrency.engine.ratelimit import RateLimited, RateLimiter
@@ -59,6 +60,11 @@ class EmulatorConfig:
     tokenizer: str = "chars4"
     frontends: int = 1
     max_model_len: int = 8192
+    # Admission control (emulator/rejections.py): past this many requests queued (accepted, not running) a call is
+    # refused in ``reject_style``; the hosted styles name ``reject_retry_after_s`` (wall seconds) as their delay.
+    max_num_queued_reqs: int | None = None
+    reject_style: str = "vllm"
+    reject_retry_after_s: float = 1.0
 
     def engine_preset(self) -> EnginePreset:
         preset = get_preset(self.preset) if isinstance(self.preset, str) else self.preset
@@ -84,6 +90,11 @@ class EmulatorConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         RateLimiter(self.requests_per_minute, self.tokens_per_minute)
         make_counter(self.tokenizer)
+        check_style(self.reject_style)
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
+            raise ValueError(f"max_num_queued_reqs must be >= 0, got {self.max_num_queued_reqs}")
+        if not (math.isfinite(self.reject_retry_after_s) and self.reject_retry_after_s >= 0):
+            raise ValueError(f"reject_retry_after_s must be a finite number >= 0, got {self.reject_retry_after_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,9 @@ class EngineCore:
         self.driver.sync()
         if not self.server.up:
             raise ApiError(503, "the engine is down", kind="ServiceUnavailableError")
+        cap = self.config.max_num_queued_reqs
+        if cap is not None and self.server.inflight - self.server.num_running + len(specs) > cap:
+            raise queue_full(self.config.reject_style, cap, self.config.reject_retry_after_s)
         if self.limiter.active:
             try:
                 self.limiter.admit(budget_tokens, self.env.now)

@@ -51,6 +51,7 @@ class ApiError(Exception):
         kind: str = "BadRequestError",
         param: str | None = None,
         retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -58,13 +59,21 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
         self.retry_after_s = retry_after_s  # wall seconds, for a 429's Retry-After
+        self.headers = headers  # extra response headers (a rejection style's: emulator/rejections.py)
 
     def __reduce__(self) -> Any:  # crosses the engine-process boundary by pickle
-        return (_rebuild_error, (self.status, self.message, self.kind, self.param, self.retry_after_s))
+        return (_rebuild_error, (self.status, self.message, self.kind, self.param, self.retry_after_s, self.headers))
 
 
-def _rebuild_error(status: int, message: str, kind: str, param: str | None, retry_after_s: float | None) -> ApiError:
-    return ApiError(status, message, kind=kind, param=param, retry_after_s=retry_after_s)
+def _rebuild_error(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None,
+    retry_after_s: float | None,
+    headers: dict[str, str] | None = None,
+) -> ApiError:
+    return ApiError(status, message, kind=kind, param=param, retry_after_s=retry_after_s, headers=headers)
 
 
 def error_body(err: ApiError) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from model_concurrency.gate.aio import imap_concurrent, map_concurrent
 from model_concurrency.gate.limiter import LimiterCore
 from model_concurrency.gate.model_limiter import ModelLimiter
+from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import WorkerPool, drop_pools, pool_for
 from model_concurrency.gate.slot import slot
 from model_concurrency.gate.stats import GateStats, gate_stats, reset_stats
@@ -22,6 +23,7 @@ __all__ = [
     "GateStats",
     "LimiterCore",
     "ModelLimiter",
+    "ModelUnreachable",
     "WorkerPool",
     "gate_stats",
     "imap_concurrent",

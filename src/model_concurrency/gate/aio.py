@@ -32,7 +32,9 @@ from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.hold import wait_hold_async
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
+from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import WorkerPool, pool_for
+from model_concurrency.gate.retries import retry_policy
 from model_concurrency.gate.stats import merge_stats
 from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
 
@@ -152,9 +154,11 @@ class _Run:
         timeout: float | None,
         streaming: bool,
         weight: Callable[[Any], float] | None = None,
+        retries: int = 0,
     ) -> None:
         check_args(capacity, timeout)
         check_weight(weight)
+        self.retry = retry_policy(retries)
         self.weight = weight
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
@@ -308,18 +312,16 @@ class _Run:
                         if weighed is None:
                             continue
                         units = weighed if mode != BORROWED else 0
-                    if mode == GATED:
-                        await wait_hold_async(limiter.hold, limiter.clock)
-                        await limiter.acquire(units)
-                    elif mode == PINNED:
-                        limiter.acquire_pinned(units)
-                    if mode != BORROWED and limiter.held_for() > 0:  # granted during a Retry-After hold
-                        await wait_hold_async(limiter.hold, limiter.clock)
+                    try:
+                        await self._admit(limiter, units, mode)
+                    except ModelUnreachable as exc:  # waited past max_outage_s: the item's own error
+                        await self._outcome(item[0], None, exc)
+                        continue
                 if self.stopped:  # a failure happened while this worker waited: the item is not started
                     if releases:
                         limiter.release(units)
                     break
-                await self._run_item(item[0], item[1], limiter if releases else None, units)
+                await self._run_item(item[0], item[1], limiter if releases else None, units, mode)
         except Exception as exc:  # a bug here, not in fn (fn's errors are caught per item): stop and raise it
             if self.fatal is None:
                 self.fatal = exc
@@ -338,7 +340,51 @@ class _Run:
             await self._outcome(item[0], None, exc)
             return None
 
-    async def _run_item(self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0) -> None:
+    async def _run_item(
+        self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0, mode: WorkerMode = GATED
+    ) -> None:
+        attempt = 0
+        outage = self.target.limiter.hold.outage
+        while True:
+            probe = outage.active  # sent while the model was unreachable: a failure only says it still is
+            result, exc = await self._attempt(value, limiter, units)
+            delay = self.retry.delay(exc, attempt) if self.retry is not None and mode != OPPORTUNISTIC else None
+            if delay is None or self.stopped:
+                break
+            # retries= (gate/retries.py): the slot was given back; wait, then queue for one like a new call. A
+            # failed probe costs no attempt: the outage rule bounds those by max_outage_s.
+            attempt += 0 if probe and outage.active else 1
+            await asyncio.sleep(delay)
+            if limiter is not None:
+                try:
+                    await self._admit(limiter, units, mode)
+                except ModelUnreachable as error:
+                    result, exc = None, error
+                    break
+                if self.stopped:
+                    limiter.release(units)
+                    break
+        await self._outcome(index, result, exc)
+
+    async def _admit(self, limiter: ModelLimiter, units: int, mode: WorkerMode) -> None:
+        """Wait out a hold and take a slot (GATED) or count one (PINNED); BORROWED runs on its parent's.
+
+        Raises :class:`~.outage.ModelUnreachable` (holding no slot) when the model has been unreachable for longer
+        than ``max_outage_s``."""
+        if mode == GATED:
+            await wait_hold_async(limiter.hold, limiter.clock)
+            await limiter.acquire(units)
+        elif mode == PINNED:
+            limiter.acquire_pinned(units)
+        if mode != BORROWED and limiter.held_for() > 0:  # granted during a hold: start only once it has passed
+            try:
+                await wait_hold_async(limiter.hold, limiter.clock)
+            except BaseException:
+                limiter.release(units)
+                raise
+
+    async def _attempt(self, value: Any, limiter: ModelLimiter | None, units: int) -> tuple[Any, BaseException | None]:
+        """One call of ``fn``: its slot is released when it ends, the outcome recorded."""
         exc: BaseException | None = None
         result: Any = None
         start = perf_counter()
@@ -361,7 +407,7 @@ class _Run:
         else:
             result, exc = await self._in_thread(value, limiter, units)
         self.target.record(perf_counter() - start, exc)
-        await self._outcome(index, result, exc)
+        return result, exc
 
     async def _outcome(self, index: int, result: Any, exc: BaseException | None) -> None:
         if exc is not None and not self.return_exceptions:
@@ -470,6 +516,7 @@ async def map_concurrent(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R]: ...
 
 
@@ -484,6 +531,7 @@ async def map_concurrent(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -498,6 +546,7 @@ async def map_concurrent(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R]: ...
 
 
@@ -512,6 +561,7 @@ async def map_concurrent(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -525,6 +575,7 @@ async def map_concurrent(
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
     allow_unregistered: bool = False,
+    retries: int = 0,
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
@@ -539,6 +590,9 @@ async def map_concurrent(
     finite number >= 0 is that item's error, and the item is not run. A ``model`` name the registry does not know
     is an :class:`~model_concurrency.config.UnknownModelError` naming the registered ones, before anything runs;
     ``allow_unregistered=True`` runs it at the floor instead (capacity 1, one warning per name).
+    ``retries=N`` (idempotent calls only) sends
+    an item again, up to N times, after a rejection or an outage (never after another error), with backoff that
+    honours ``Retry-After`` (gate/retries.py).
     """
     check_registered(model, allow_unregistered, pinned=capacity is not None)
     run = _Run(
@@ -550,6 +604,7 @@ async def map_concurrent(
         timeout=timeout,
         streaming=False,
         weight=weight,
+        retries=retries,
     )
     await run.execute()
     if any(r is _PENDING for r in run.results):  # a safety net: never hand back a result that was not produced
@@ -568,6 +623,7 @@ def imap_concurrent(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -582,6 +638,7 @@ def imap_concurrent(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -596,6 +653,7 @@ def imap_concurrent(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
@@ -610,6 +668,7 @@ def imap_concurrent(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
@@ -623,6 +682,7 @@ async def imap_concurrent(
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
     allow_unregistered: bool = False,
+    retries: int = 0,
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 
@@ -642,6 +702,7 @@ async def imap_concurrent(
         timeout=timeout,
         streaming=True,
         weight=weight,
+        retries=retries,
     )
     driver = asyncio.ensure_future(run.execute())
     try:

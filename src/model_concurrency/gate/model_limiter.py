@@ -27,6 +27,7 @@ from typing import Protocol
 
 from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
+from model_concurrency.gate.outcome import CutOncePerFlight
 
 __all__ = ["HOLDING", "ModelLimiter", "ThreadWaiter"]
 
@@ -87,7 +88,7 @@ class ThreadWaiter:
 class ModelLimiter:
     """A model's resizable limit and in-flight count, safe across threads and event loops."""
 
-    __slots__ = ("_clock", "_core", "_lock", "_meter", "hold", "name")
+    __slots__ = ("_clock", "_core", "_lock", "_meter", "flights", "hold", "name")
 
     def __init__(self, name: str, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
@@ -97,6 +98,8 @@ class ModelLimiter:
         self._meter = UsageMeter(clock())
         # The Retry-After hold (gate/hold.py): the fronts wait for it around taking a slot; the core never sees it.
         self.hold = AdmissionHold()
+        # The once-per-flight rule of the cuts a refusal makes (gate/outcome.py, applied by gate/rejections.py).
+        self.flights = CutOncePerFlight()
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -141,6 +144,9 @@ class ModelLimiter:
             waiter.wake(self)
 
     def resize(self, limit: int) -> None:
+        """Set the limit; while the model is in an outage (gate/outage.py) it stays 1: one probe at a time."""
+        if self.hold.outage.active:
+            limit = 1
         if limit == self._core.limit:  # the common case at every re-read: no lock
             return
         with self._lock:

@@ -10,21 +10,26 @@ model's token budget is spent too (see docs/gate.md). Entering takes a permit fr
 FIFO, while the target is reached), so the call is in
 the in-flight count the policy reads; leaving releases it and records the call's latency and outcome (an
 exception's HTTP status when it carries one, or the status a transport reported with :meth:`slot.set_status`)
-for the next poll. A 429/503 whose response names a ``Retry-After`` holds the model's admissions until then
-(:mod:`.hold`): entering a slot waits for the hold, and a throttled call never counts as a success.
+for the next poll. A failed call is classified (gate/outcome.py) and its verdict applied (gate/rejections.py): a
+refusal cuts the target once per flight, a delay it names holds the model's admissions (:mod:`.hold`), a refused
+connection opens the outage hold (:mod:`.outage`); entering a slot waits for either hold, and a throttled call never
+counts as a success.
 While any slot is held the model's runtime polls on schedule. The sync form never blocks an event loop it is
 not running on; used inside a running loop it would, so use ``async with`` there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from time import perf_counter
 from types import TracebackType
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
+from model_concurrency.gate.outcome import Outcome
+from model_concurrency.gate.rejections import note_failure, note_success, outcome_of
 from model_concurrency.gate.stats import status_of
-from model_concurrency.gate.target import THROTTLED, checked_tokens, note_throttle
+from model_concurrency.gate.target import checked_tokens
 from model_concurrency.hooks import check_registered, warn_unknown
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -34,7 +39,7 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_runtime", "_start", "_status", "model", "tokens")
+    __slots__ = ("_outcome", "_runtime", "_sent_at", "_start", "_status", "model", "tokens")
 
     def __init__(
         self, model: str | None = None, *, tokens: float | None = None, allow_unregistered: bool = False
@@ -47,7 +52,9 @@ class slot:
         self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
         self._start = 0.0
+        self._sent_at = 0.0
         self._status: int | None = None
+        self._outcome: Outcome | None = None  # a response's verdict, applied when it arrived
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -57,12 +64,17 @@ class slot:
     def set_status(self, status: int, retry_after_s: float | None = None) -> None:
         """The call's HTTP status, for callers that get a response instead of an exception (a transport).
 
-        A status >= 400 makes the call a failure; 429/503 a throttled one, whose ``retry_after_s`` (if any) holds
-        the model's admissions.
+        A status >= 400 makes the call a failure, classified by the table (gate/outcome.py); ``retry_after_s``
+        stands for a ``Retry-After`` header. :meth:`set_response` passes every header instead.
         """
+        headers = {"retry-after": repr(float(retry_after_s))} if retry_after_s is not None else None
+        self.set_response(status, headers)
+
+    def set_response(self, status: int, headers: Mapping[str, str] | None = None) -> None:
+        """The call's HTTP status and response headers: a failure's verdict (cut, hold, outage...) is applied when
+        the slot is left, by the same rule as every other entry point (gate/rejections.py)."""
         self._status = status
-        if status in THROTTLED and retry_after_s is not None and self._runtime is not None:
-            self._runtime.note_retry_after(retry_after_s)
+        self._outcome = outcome_of(None, status, headers) if status >= 400 else None
 
     def _begin(self) -> ModelRuntime:
         if self._runtime is not None:
@@ -70,7 +82,7 @@ class slot:
         if get_model(self.model) is None:
             warn_unknown(self.model)
         runtime = runtime_for(self.model)
-        self._status = None
+        self._status, self._outcome = None, None
         runtime.enter()
         try:
             runtime.apply_limits()
@@ -85,17 +97,16 @@ class slot:
         assert runtime is not None
         latency = perf_counter() - self._start
         runtime.limiter.release(self.tokens)
-        status = self._status
+        status, outcome = self._status, self._outcome
         if exc is None and (status is None or status < 400):
             runtime.calls.record(latency, ok=True, status=status)
-        elif exc is None:
-            runtime.calls.record(latency, ok=False, status=status)
-            if status in THROTTLED:
-                runtime.note_throttled()
+            note_success(runtime, self._sent_at)
         else:
-            status = status_of(exc) if status is None else status
-            runtime.calls.record(latency, ok=False, status=status)
-            note_throttle(runtime, status, exc)
+            if outcome is None:  # no response reported: the exception says what happened
+                outcome = outcome_of(exc, status, None)
+                status = status_of(exc) if status is None and exc is not None else status
+            runtime.calls.record(latency, ok=False, status=status, throttled=outcome.throttled)
+            note_failure(runtime, outcome, self._sent_at, answered=status is not None)
         runtime.leave()
 
     def _abandon(self) -> None:
@@ -124,6 +135,7 @@ class slot:
             self._abandon()
             raise
         self._start = perf_counter()
+        self._sent_at = limiter.clock()
         return self
 
     def __exit__(
@@ -145,6 +157,7 @@ class slot:
             self._abandon()
             raise
         self._start = perf_counter()
+        self._sent_at = limiter.clock()
         return self
 
     async def __aexit__(

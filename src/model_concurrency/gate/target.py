@@ -18,8 +18,8 @@ from typing import Any
 
 from model_concurrency.config import get_model
 from model_concurrency.controller import THROTTLED
-from model_concurrency.gate.hold import retry_after_from_exception
 from model_concurrency.gate.model_limiter import ModelLimiter
+from model_concurrency.gate.rejections import note_failure, note_success, outcome_of
 from model_concurrency.gate.stats import GateStats, status_of
 from model_concurrency.hooks import check_registered, warn_unknown
 from model_concurrency.runtime import ModelRuntime, atarget_or_floor, runtime_for, target_or_floor
@@ -139,20 +139,20 @@ class Target:
         if exc is None:
             if self.recorder is not None:
                 self.recorder.record(latency_s, ok=True)
+            if self.runtime.limiter.hold.outage.active:
+                note_success(self.runtime, self.runtime.clock() - latency_s)
             return
         status = status_of(exc)
         tally.add_error(exc, status)
+        outcome = outcome_of(exc, None, None)
         if self.recorder is not None:
-            self.recorder.record(latency_s, ok=False, status=status)
-        note_throttle(self.runtime, status, exc)
+            self.recorder.record(latency_s, ok=False, status=status, throttled=outcome.throttled)
+        note_failure(self.runtime, outcome, self.runtime.clock() - latency_s, answered=status is not None)
 
 
 def note_throttle(runtime: ModelRuntime, status: int | None, exc: BaseException) -> None:
-    """Hand a throttled call to the model's runtime: the target drops to the calls in flight, and the Retry-After
-    (if its exception kept the response) holds new calls."""
-    if status not in THROTTLED:
-        return
-    runtime.note_throttled()
-    delay = retry_after_from_exception(exc)
-    if delay is not None:
-        runtime.note_retry_after(delay)
+    """Hand a failed call to the model's runtime (the classification table, gate/rejections.py), as sent now.
+
+    Kept for callers of the earlier name; :func:`~.rejections.note_failure` is the rule."""
+    outcome = outcome_of(exc, None, None)
+    note_failure(runtime, outcome, runtime.clock(), answered=status is not None)

@@ -23,13 +23,15 @@ import heapq
 import threading
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from functools import partial
-from time import monotonic, perf_counter
+from time import monotonic, perf_counter, sleep
 from typing import Any, Literal, TypeVar, overload
 
 from model_concurrency.gate.aio import is_async_callable, map_concurrent, raise_first
 from model_concurrency.gate.hold import wait_hold
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
+from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import pool_for
+from model_concurrency.gate.retries import retry_policy
 from model_concurrency.gate.stats import merge_stats
 from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
 
@@ -90,6 +92,10 @@ class _Permits:
         self._wake.release()
 
 
+def _no_tick() -> None:
+    return None
+
+
 class _SyncRun:
     def __init__(
         self,
@@ -100,8 +106,10 @@ class _SyncRun:
         return_exceptions: bool,
         timeout: float | None,
         weight: Callable[[Any], float] | None = None,
+        retries: int = 0,
     ) -> None:
         self.fn = fn
+        self.retry = retry_policy(retries)
         self.weight = weight
         self.target = Target(model, capacity)
         self.return_exceptions = return_exceptions
@@ -123,22 +131,24 @@ class _SyncRun:
             assert self.permits is not None
             self.permits.release()
 
-    def _wait_slot(self, units: int) -> bool:
-        """Block for a slot, re-reading the target and expiring deadlines meanwhile. False if stopped."""
+    def _wait_slot(self, units: int, tick: bool = True) -> bool:
+        """Block for a slot, re-reading the target and expiring deadlines meanwhile (``tick``: the driver; a
+        retrying pool thread only waits). False if stopped. Raises ``ModelUnreachable`` holding no slot."""
         limiter = self.target.limiter
+        ticker = self._tick if tick else _no_tick
         if self.permits is not None:
             while not self.permits.acquire(self._wait_s()):
-                self._tick()
+                ticker()
             if self.stopped:
                 self.permits.release()
                 return False
             limiter.acquire_pinned(units)
-            return self._after_hold(limiter, units)
-        wait_hold(limiter.hold, limiter.clock, self._tick)
+            return self._after_hold(limiter, units, ticker)
+        wait_hold(limiter.hold, limiter.clock, ticker)
         waiter = limiter.acquire_or_enqueue_thread(units)
         try:
             while waiter is not None and not waiter.wait(self._wait_s()):
-                self._tick()
+                ticker()
         except BaseException:
             if not limiter.withdraw(waiter):  # type: ignore[arg-type]
                 limiter.release(units)
@@ -146,13 +156,13 @@ class _SyncRun:
         if self.stopped:
             limiter.release(units)
             return False
-        return self._after_hold(limiter, units)
+        return self._after_hold(limiter, units, ticker)
 
-    def _after_hold(self, limiter: ModelLimiter, units: int) -> bool:
+    def _after_hold(self, limiter: ModelLimiter, units: int, tick: Callable[[], None] | None = None) -> bool:
         """A slot granted during a Retry-After hold starts its call only when the hold ends (gate/hold.py)."""
         if limiter.held_for() > 0:
             try:
-                wait_hold(limiter.hold, limiter.clock, self._tick)
+                wait_hold(limiter.hold, limiter.clock, tick or self._tick)
             except BaseException:
                 self._release(limiter, self.permits is not None, units)
                 raise
@@ -188,7 +198,31 @@ class _SyncRun:
 
     # -- items -------------------------------------------------------------------------------------------------
     def _job(self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0) -> None:
-        """Run one item (on a pool thread, or inline when nested): call, release, settle."""
+        """Run one item (on a pool thread, or inline when nested): call, release, settle; with ``retries=``, the
+        failed attempts are recorded here and the item sent again after a backoff and a new slot."""
+        attempt = 0
+        outage = self.target.limiter.hold.outage
+        while True:
+            probe = outage.active  # a failed probe costs no attempt (as in gate/aio.py)
+            result, exc, latency = self._attempt(index, value, limiter, units)
+            delay = self.retry.delay(exc, attempt) if self.retry is not None else None
+            if delay is None or self.stopped or self.results[index] is not _PENDING:
+                break
+            self.target.record(latency, exc)
+            attempt += 0 if probe and outage.active else 1
+            sleep(delay)
+            if limiter is not None:
+                try:
+                    if not self._wait_slot(units, tick=False):
+                        break
+                except ModelUnreachable as error:
+                    result, exc = None, error
+                    break
+        self._settle(index, result, exc, latency)
+
+    def _attempt(
+        self, index: int, value: Any, limiter: ModelLimiter | None, units: int
+    ) -> tuple[Any, BaseException | None, float]:
         token = HOLDING.set(self.holding)
         start = perf_counter()
         result: Any = None
@@ -205,7 +239,7 @@ class _SyncRun:
         if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
             # Inline (nested) items cannot be timed out while they run; judge them when they end.
             exc = TimeoutError(f"item {index} did not finish within {self.timeout}s")
-        self._settle(index, result, exc, latency)
+        return result, exc, latency
 
     def _settle(
         self, index: int, result: Any, exc: BaseException | None, latency: float | None, ran: bool = True
@@ -274,11 +308,17 @@ class _SyncRun:
                 if nested and not self._try_slot(units):
                     self._job(index, value, None)  # on the parent's slot, on this thread
                     continue
-                if not nested and not self._wait_slot(units):
-                    with self.cond:
-                        self.results.pop()
-                        self.outstanding -= 1
-                    break
+                if not nested:
+                    try:
+                        granted = self._wait_slot(units)
+                    except ModelUnreachable as exc:  # waited past max_outage_s: the item's own error, unrun
+                        self._settle(index, None, exc, None, ran=False)
+                        continue
+                    if not granted:
+                        with self.cond:
+                            self.results.pop()
+                            self.outstanding -= 1
+                        break
                 if self.timeout is not None:
                     heapq.heappush(self.deadlines, (monotonic() + self.timeout, index))
                 try:
@@ -342,6 +382,7 @@ def map_concurrent_sync(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R]: ...
 
 
@@ -356,6 +397,7 @@ def map_concurrent_sync(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -370,6 +412,7 @@ def map_concurrent_sync(
     return_exceptions: Literal[False] = ...,
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R]: ...
 
 
@@ -384,6 +427,7 @@ def map_concurrent_sync(
     return_exceptions: Literal[True],
     weight: Callable[[T], float] | None = ...,
     allow_unregistered: bool = ...,
+    retries: int = ...,
 ) -> list[R | BaseException]: ...
 
 
@@ -397,6 +441,7 @@ def map_concurrent_sync(
     return_exceptions: bool = False,
     weight: Callable[[T], float] | None = None,
     allow_unregistered: bool = False,
+    retries: int = 0,
 ) -> list[Any]:
     """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
 
@@ -405,9 +450,11 @@ def map_concurrent_sync(
     already runs a loop). ``weight`` maps an item to its tokens, as for :func:`map_concurrent`. Called from
     inside an item of the same model it runs nested: free slots only, else inline on the parent's slot, so it
     never deadlocks. An unregistered ``model`` is an ``UnknownModelError`` unless ``allow_unregistered=True``, as
-    for :func:`map_concurrent`.
+    for :func:`map_concurrent`. ``retries=N`` as for
+    :func:`map_concurrent` (a retrying item keeps its pool thread, not its slot, while it waits).
     """
     check_args(capacity, timeout)
+    retry_policy(retries)
     check_weight(weight)
     check_registered(model, allow_unregistered, pinned=capacity is not None)
     if is_async_callable(fn) or isinstance(items, AsyncIterable):
@@ -418,11 +465,18 @@ def map_concurrent_sync(
             "timeout": timeout,
             "weight": weight,
             "allow_unregistered": allow_unregistered,
+            "retries": retries,
         }
         return _run_coroutine(lambda: map_concurrent(items, fn, **kwargs))  # type: ignore[no-any-return]
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {fn!r}")
     run = _SyncRun(
-        fn, model=model, capacity=capacity, return_exceptions=return_exceptions, timeout=timeout, weight=weight
+        fn,
+        model=model,
+        capacity=capacity,
+        return_exceptions=return_exceptions,
+        timeout=timeout,
+        weight=weight,
+        retries=retries,
     )
     return run.execute(items)

@@ -6,8 +6,9 @@ of the response, and it is the one extension point httpx, the OpenAI SDK and mos
 The model is the one given when wrapping, else the request's JSON ``model`` field (the served name), mapped to the
 registry key of the model that serves it. A request with neither (``GET /models``) passes through ungated. The
 slot is held until the response body is closed, so a streamed completion counts in flight for as long as it
-streams. A response with status >= 400 is a failed call; 429/503 a throttled one, whose ``Retry-After`` (or
-``retry-after-ms``) is handed to the model's runtime: no new call to it starts before then.
+streams. A response with status >= 400 is a failed call, classified by its status and headers
+(gate/outcome.py: a cut, a hold until the delay it names, an outage, no information); a refused connection is an
+outage too (the call's exception passes through the slot).
 
 :class:`ShardedAsyncClient` / :class:`ShardedAsyncTransport` (from :mod:`.client`): an ``httpx.AsyncClient`` whose
 per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call).
@@ -21,9 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 
 from model_concurrency.config import registered_models
-from model_concurrency.gate.hold import retry_after_from_headers
 from model_concurrency.gate.slot import slot
-from model_concurrency.gate.target import THROTTLED
 from model_concurrency.integrations.client import ShardedAsyncClient, ShardedAsyncTransport
 
 __all__ = [
@@ -67,9 +66,8 @@ def _key_for(model: str | None, request: httpx.Request) -> str | None:
 
 
 def _report(gate: slot, response: httpx.Response) -> None:
-    status = response.status_code
-    delay = retry_after_from_headers(response.headers) if status in THROTTLED else None
-    gate.set_status(status, delay)
+    # The status and headers go to the classification table (gate/outcome.py) through the slot, as every call's do.
+    gate.set_response(response.status_code, response.headers)
 
 
 class _SlotStream(httpx.SyncByteStream):

@@ -1,0 +1,220 @@
+"""The outage rule (gate/outage.py) through map_concurrent, map_concurrent_sync and slot, over real loopback HTTP:
+a model that refuses connections holds the fan-out (one probe at a time) instead of failing its items, resumes
+when a call succeeds, fails waiting items with ModelUnreachable only after max_outage_s, and with
+MODEL_CONCURRENCY_MAX_OUTAGE_S=0 behaves as before (every item tried and failed)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from fault_servers import fault_server, refused_url
+from model_concurrency import gate_stats, map_concurrent, map_concurrent_sync, slot
+from model_concurrency.config import register_model
+from model_concurrency.gate.outage import ModelUnreachable
+from model_concurrency.integrations.httpx import SlotTransport
+from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
+from model_concurrency.signals.source import ClientOnlySource
+
+ITEMS = 40
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+@contextmanager
+def comes_up_later(url: str, after_s: float) -> Iterator[None]:
+    """Nothing listens at ``url`` (connections refused) until ``after_s`` has passed; then a server answers 200."""
+    parts = urlsplit(url)
+    servers: list[ThreadingHTTPServer] = []
+
+    def start() -> None:
+        server = ThreadingHTTPServer((parts.hostname or "127.0.0.1", parts.port or 80), _Ok)
+        server.daemon_threads = True
+        servers.append(server)
+        server.serve_forever(poll_interval=0.05)
+
+    timer = threading.Timer(after_s, start)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        timer.join(5)
+
+
+def model(floor: int = 4) -> ModelRuntime:
+    register_model("m", base_url=None, max_parallel_calls=floor)
+    runtime = install_runtime(ModelRuntime(runtime_for("m").spec, name="m", source=ClientOnlySource()))
+    runtime.core.target_value = 16.0
+    runtime.apply_limits()
+    return runtime
+
+
+def fan_out(url: str, **kwargs: object) -> list[object]:
+    """map_concurrent over ITEMS GETs of ``url`` through one client (a client per call costs an SSL context)."""
+
+    async def main() -> list[object]:
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def call(_: int) -> str:
+                response = await client.get(url)
+                response.raise_for_status()
+                return response.text
+
+            return await map_concurrent(range(ITEMS), call, model="m", **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    return asyncio.run(main())
+
+
+_sync_client = httpx.Client(timeout=5)
+
+
+def get(url: str) -> str:
+    response = _sync_client.get(url)
+    response.raise_for_status()
+    return response.text
+
+
+def test_an_outage_holds_items_until_the_model_returns() -> None:
+    """With retries=, every item succeeds; without, only the calls in flight when it broke and the failed probes
+    fail, not the whole list."""
+    runtime = model()
+    url = refused_url()
+    with comes_up_later(url, 0.5):
+        results = fan_out(url, retries=4)
+    assert results == ["ok"] * ITEMS
+    outage = runtime.limiter.hold.outage
+    assert (outage.opened, outage.active, runtime.limiter.limit) == (1, False, 16)
+    assert gate_stats("m").errors <= 16 + 6  # the first wave (the target's worth) and a few probes, not 40 items
+
+    runtime = model()
+    url = refused_url()
+    with comes_up_later(url, 0.5):
+        results = fan_out(url, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert all(isinstance(e, httpx.ConnectError) for e in failed)
+    assert len(failed) <= 16 + 6
+    assert results.count("ok") == ITEMS - len(failed) >= ITEMS - 22
+
+
+def test_threads_wait_out_an_outage_too() -> None:
+    runtime = model()
+    url = refused_url()
+    with comes_up_later(url, 0.5):
+        results = map_concurrent_sync(range(ITEMS), lambda _: get(url), model="m", retries=4)
+    assert results == ["ok"] * ITEMS
+    assert runtime.limiter.hold.outage.opened == 1
+    assert not runtime.limiter.hold.outage.active
+
+
+def test_items_fail_clearly_after_max_outage_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_MAX_OUTAGE_S", "0.4")
+    model()
+    url = refused_url()
+    results = fan_out(url, return_exceptions=True)
+    unreachable = [r for r in results if isinstance(r, ModelUnreachable)]
+    refused = [r for r in results if isinstance(r, httpx.ConnectError)]
+    assert len(unreachable) + len(refused) == ITEMS
+    assert len(refused) <= 16 + 4  # tried: the first wave and the probes; the rest waited, then failed unrun
+    assert "MODEL_CONCURRENCY_MAX_OUTAGE_S" in str(unreachable[0])
+    assert gate_stats("m").errors == len(refused)
+
+
+def test_max_outage_s_0_keeps_the_old_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_MAX_OUTAGE_S", "0")
+    runtime = model()
+    url = refused_url()
+    results = map_concurrent_sync(range(ITEMS), lambda _: get(url), model="m", return_exceptions=True)
+    assert all(isinstance(r, httpx.ConnectError) for r in results)  # every item tried, every one failed at once
+    assert runtime.limiter.hold.outage.opened == 0
+
+
+def test_a_proxys_502_holds_slot_callers_until_a_call_succeeds() -> None:
+    """A gateway answering 502 through the httpx transport (slot inside): the limiter admits one probe, and the
+    first 200 puts it back to the target."""
+    runtime = model()
+    answers = iter([502, 502] + [200] * 10)
+
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        status = next(answers)
+        h.send_response(status)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    with fault_server(respond) as server, httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
+        assert client.get(server.url).status_code == 502
+        assert runtime.limiter.hold.outage.active and runtime.limiter.limit == 1
+        assert runtime.held_for() > 0
+        assert client.get(server.url).status_code == 502  # the probe, after the hold: backs off
+        assert runtime.limiter.hold.outage.backoff_s == 0.5
+        with slot("m"):  # waits for the next probe time, then holds the one probe slot
+            assert runtime.held_for() == 0
+        assert client.get(server.url).status_code == 200
+    assert not runtime.limiter.hold.outage.active
+    assert runtime.limiter.limit == 16
+
+
+def test_the_outage_state_exact() -> None:
+    """The rule on a clock given by hand: open, ignore the stragglers, back off on failed probes, close."""
+    from model_concurrency.gate.outage import Outage
+
+    outage = Outage()
+    assert not outage.fail(sent_at=0.0, now=1.0, reason="r", max_s=0)  # 0: the rule is off
+    assert not outage.active
+    assert outage.fail(sent_at=0.0, now=10.0, reason="refused", max_s=30)  # opens
+    assert (outage.since, outage.until, outage.opened) == (10.0, 10.25, 1)
+    assert not outage.fail(sent_at=9.0, now=10.1, reason="reset", max_s=30)  # in flight when it broke: no change
+    assert outage.until == 10.25
+    assert not outage.fail(sent_at=10.3, now=10.3, reason="refused", max_s=30)  # the probe failed: 0.5 s
+    assert (outage.until, outage.backoff_s) == (10.8, 0.5)
+    for now in (11.0, 12.0, 13.0, 14.0):
+        outage.fail(sent_at=now, now=now, reason="refused", max_s=30)
+    assert (outage.backoff_s, outage.until, outage.probes_failed) == (2.0, 16.0, 5)
+    outage.check(40.0)  # 30 s: not yet
+    with pytest.raises(ModelUnreachable, match=r"unreachable for 30\.1 s .*max_outage_s = 30 s.*refused"):
+        outage.check(40.1)
+    assert not outage.succeed(sent_at=9.5)  # sent before it opened: says nothing about now
+    assert outage.succeed(sent_at=41.0)
+    assert (outage.active, outage.until) == (False, -math.inf)
+    outage.check(1000.0)  # closed: nothing to raise
+
+
+def test_the_wrapped_openai_client_opens_and_ends_an_outage() -> None:
+    """openai's APIConnectionError (wrapping httpx's ConnectError) through the wrapped client is an outage; the
+    SDK's own retry waits in the hold like any call, and the first answer from the server ends it."""
+    import openai
+
+    from model_concurrency.integrations.openai import wrap
+
+    runtime = model()
+    url = refused_url()
+    client = wrap(openai.OpenAI(base_url=url, api_key="k", max_retries=0), model="m")
+    with pytest.raises(openai.APIConnectionError):
+        client.embeddings.create(model="x", input="a")
+    assert runtime.limiter.hold.outage.active and runtime.limiter.limit == 1
+    with comes_up_later(url, 0.0):
+        retrying = wrap(openai.OpenAI(base_url=url, api_key="k", max_retries=1), model="m")
+        with pytest.raises(openai.APIStatusError):  # the test server answers 200 "ok" to GET only: 501 to POST
+            retrying.embeddings.create(model="x", input="a")
+    assert not runtime.limiter.hold.outage.active
+    assert runtime.limiter.limit == 16
