@@ -142,6 +142,7 @@ def test_refusals_of_one_flight_cut_once() -> None:
 
 def test_queue_cap_admits_up_to_the_cap() -> None:
     """Without a cap nothing is refused; with one, calls past it are (503, vLLM's style) and the rest served."""
+    fresh_runtime()
     with serve_in_thread(EmulatorConfig(preset="bge-m3")) as emu:
         assert via_transport(emu) == 200
     config = EmulatorConfig(preset="bge-m3", max_num_seqs=1, max_num_queued_reqs=2)
