@@ -10,7 +10,7 @@ has to remember totals or care about counter resets.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["CallStats", "EngineSnapshot", "Observation", "observe"]
 
@@ -36,6 +36,10 @@ class EngineSnapshot:
     generation_tokens_total: float | None = None
     queue_time_sum_total: float | None = None
     queue_time_count_total: float | None = None
+    # The Gateway API Inference Extension's pool score (signals/saturation.py), read beside ours for operators;
+    # no policy reads it, and it takes no part in equality (the simulated engine, whose snapshots are compared with
+    # parsed pages, does not compute it). None when the source cannot tell engines apart (a PromQL sum).
+    gateway_saturation: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
