@@ -123,6 +123,7 @@ class EngineState:
     waiting_deferred: float = 0
     kv: float = 0.1
     preemptions: float = 0
+    success: float = 3  # requests finished (vllm:request_success_total{finished_reason="stop"})
 
 
 def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False, by_reason: bool = True) -> bytes:
@@ -150,7 +151,7 @@ def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False
             kv.labels(*lv).set(e.kv)
             info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(e.preemptions)
-            ok.labels(*lv, "stop").inc(3)
+            ok.labels(*lv, "stop").inc(e.success)
             queue.labels(*lv).observe(0.2)
             e2e.labels(*lv).observe(1.2)
     from prometheus_client import PROCESS_COLLECTOR

@@ -48,6 +48,7 @@ from typing import Protocol
 from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
+from model_concurrency.page_hold import PageHold
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
 
 __all__ = ["THROTTLED", "CallRecorder", "ControllerCore", "UniformSource", "check_poll_jitter"]
@@ -107,6 +108,8 @@ class ControllerCore:
     # Tokens weighted calls may hold at once (a policy answering a Target with tokens); None: not enforced.
     token_budget: int | None = field(default=None, init=False)
     guard: GrowthGuard = field(default_factory=GrowthGuard)
+    # Readings that are not a capacity signal (a wedged request, a livelock): hold instead of asking the policy.
+    page_hold: PageHold = field(default_factory=PageHold)
     outage_handover: bool = True
     outage_floored: bool = False
     fast_polls: int = 0
@@ -137,7 +140,7 @@ class ControllerCore:
     @property
     def saturated(self) -> bool:
         obs = self.last_observation
-        return bool(self.last_ok and obs is not None and obs.waiting_capacity > 0)
+        return bool(self.last_ok and obs is not None and obs.waiting_capacity > 0 and not self.page_hold.active)
 
     def set_bounds(self, floor: int, ceiling: int) -> None:
         self.floor, self.ceiling = floor, ceiling
@@ -221,13 +224,7 @@ class ControllerCore:
         self.consecutive_failures = 0
         self.outage_floored = False
         self.last_ok, self.last_error, self.last_observation = True, None, obs
-        try:
-            answer = self.policy.next_target(self.target_value, obs)
-            proposed = float(answer)  # a Target is its request count; its tokens ride along
-        except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
-            self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
-            log.error("%s; holding the target", self.last_error)
-            answer, proposed = None, math.nan
+        answer, proposed = self._propose(obs)
         if not math.isfinite(proposed):
             proposed = self.target_value
         elif answer is not None:
@@ -252,6 +249,19 @@ class ControllerCore:
                 obs.client_calls,
             )
         return self.target
+
+    def _propose(self, obs: Observation) -> tuple[float | Target | None, float]:
+        """The policy's answer and its request count; a page hold (page_hold.py) answers instead of the policy."""
+        held = self.page_hold.judge(self.target_value, obs)
+        if held is not None:
+            return None, held
+        try:
+            answer = self.policy.next_target(self.target_value, obs)
+            return answer, float(answer)  # a Target is its request count; its tokens ride along
+        except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
+            self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
+            log.error("%s; holding the target", self.last_error)
+            return None, math.nan
 
     def note_throttled(self, inflight: int) -> int:
         """A call came back 429/503: the target drops to ``throttle_cut`` × the calls still in flight, at once.
