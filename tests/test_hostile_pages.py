@@ -44,7 +44,7 @@ class Engine:
         running = self.running()
         self.success += running  # the batch turns over every poll
         if self.sglang:
-            scheduler = SglangScheduler(running=running, queue=self.wedged, token_usage=0.05, retracted=self.preemptions)
+            scheduler = SglangScheduler(running=running, queue=self.wedged, retracted=self.preemptions)
             return sglang_page({SERVED: [scheduler]}, finished=self.success)
         state = EngineState(running=running, waiting_capacity=self.wedged, kv=0.05, success=self.success)
         return vllm_page({SERVED: [state]})
