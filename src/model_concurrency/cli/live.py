@@ -47,6 +47,13 @@ def register(subparsers: Any) -> None:
     )
     e.add_argument("--max-model-len", type=int, default=8192, help="context length: prompt + output tokens")
     e.add_argument(
+        "--metrics-flavor",
+        default="vllm-new",
+        choices=("vllm-new", "vllm", "sglang"),
+        help="the /metrics page served: vllm-new (vLLM's latest design, default), vllm (a release without "
+        "num_requests_waiting_by_reason) or sglang (SGLang's sglang:* page)",
+    )
+    e.add_argument(
         "--log-level",
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
@@ -102,6 +109,7 @@ def emulate(args: argparse.Namespace) -> int:
         tokens_per_minute=args.tpm,
         tokenizer=args.tokenizer,
         max_model_len=args.max_model_len,
+        metrics_flavor=args.metrics_flavor,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)

@@ -28,6 +28,7 @@ from model_concurrency.emulator.clock import SimDriver
 from model_concurrency.emulator.openai_shapes import ApiError
 from model_concurrency.emulator.tokens import make_counter
 from model_concurrency.engine import EngineDownError, EnginePreset, FrontEndCost, Request, Server, get_preset
+from model_concurrency.engine.metrics import DEFAULT_FLAVOR, METRICS_FLAVORS, make_registry
 from model_concurrency.engine.ratelimit import RateLimited, RateLimiter
 from model_concurrency.engine.request import LENGTH, STOP
 
@@ -59,6 +60,9 @@ class EmulatorConfig:
     tokenizer: str = "chars4"
     frontends: int = 1
     max_model_len: int = 8192
+    # Which engine's /metrics page to serve (engine/metrics.py): vllm-new (vLLM's latest design), vllm (a release
+    # without the by-reason gauge) or sglang (SGLang's --enable-metrics page).
+    metrics_flavor: str = DEFAULT_FLAVOR
 
     def engine_preset(self) -> EnginePreset:
         preset = get_preset(self.preset) if isinstance(self.preset, str) else self.preset
@@ -84,6 +88,8 @@ class EmulatorConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         RateLimiter(self.requests_per_minute, self.tokens_per_minute)
         make_counter(self.tokenizer)
+        if self.metrics_flavor not in METRICS_FLAVORS:
+            raise ValueError(f"unknown metrics flavor {self.metrics_flavor!r}; known: {', '.join(METRICS_FLAVORS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,9 @@ class EngineCore:
         self.env = simpy.Environment()
         self.server = Server(self.env, self.preset, num_engines=config.engines, model_name=config.served_model_name)
         self.model_name = self.server.model_name
+        if config.metrics_flavor != DEFAULT_FLAVOR:
+            server = self.server
+            server.registry = make_registry(lambda: server.engines, config.metrics_flavor)
         self.limiter = RateLimiter(config.requests_per_minute, config.tokens_per_minute)
         self.driver = SimDriver(self.env, config.time_scale, on_advance=self._advanced, clock=clock)
         self._streams: set[_Job] = set()
