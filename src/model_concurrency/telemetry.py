@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
+from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.saturation import pool_saturated
+
 if TYPE_CHECKING:
     from model_concurrency.runtime import ModelRuntime
 
@@ -64,6 +67,8 @@ def snapshot(runtime: ModelRuntime) -> dict[str, Any]:
         "ceiling": core.upper,
         "metrics_ok": core.last_ok,
         "saturated": core.saturated,
+        **_gateway(core.last_ok, core.last_snapshot),
+        "page_hold": core.page_hold.reason,
         "last_poll": _wall(core.last_poll_time, runtime.clock()),
         "consecutive_failures": core.consecutive_failures,
         "last_error": core.last_error,
@@ -71,6 +76,16 @@ def snapshot(runtime: ModelRuntime) -> dict[str, Any]:
         "policy": type(core.policy).__name__,
         "adaptive": True,
     }
+
+
+def _gateway(ok: bool | None, snapshot: EngineSnapshot | None) -> dict[str, Any]:
+    """The Gateway API Inference Extension's view beside ours (signals/saturation.py): the pool score, and whether
+    it counts as saturated. A failed poll is stale metrics, saturated as the gateway counts a stale pod; a good poll
+    from a source that cannot tell engines apart (a PromQL sum), or no poll yet, is unknown (None)."""
+    if ok is False:
+        return {"gateway_saturation": None, "gateway_saturated": True}
+    score = snapshot.gateway_saturation if ok and snapshot is not None else None
+    return {"gateway_saturation": score, "gateway_saturated": None if score is None else pool_saturated(score)}
 
 
 def _wall(at: float | None, now: float) -> float | None:

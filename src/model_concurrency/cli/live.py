@@ -240,6 +240,7 @@ _COLUMNS = (
     ("cap-waiting", "waiting_capacity"),
     ("KV usage", "kv_cache_usage"),
     ("saturated", "saturated"),
+    ("gateway", "gateway_saturation"),
     ("metrics", "metrics_ok"),
     ("policy", "policy"),
 )
@@ -259,9 +260,18 @@ def utilization_rows() -> list[dict[str, Any]]:
         kv = row.get("kv_cache_usage")
         row["kv_cache_usage"] = None if kv is None else f"{100 * kv:.1f}%"
         ok = row.get("metrics_ok")
+        row["gateway_saturation"] = gateway_cell(row.get("gateway_saturation"), row.get("gateway_saturated"))
         row["metrics_ok"] = "static" if ok is None else ("ok" if ok else short_failure(row.get("last_error")))
         rows.append(row)
     return rows
+
+
+def gateway_cell(score: Any, saturated: Any) -> str | None:
+    """The gateway's pool score, ``sat`` when it counts the pool saturated (≥ 1.0, or stale metrics)."""
+    if saturated is None:
+        return None  # static: nothing measured
+    text = "stale" if score is None else f"{score:.2f}"
+    return f"{text} sat" if saturated else text
 
 
 def short_failure(error: Any) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "GATEWAY_KV_THRESHOLD",
     "GATEWAY_QUEUE_THRESHOLD",
+    "STALE",
     "EngineLoads",
     "engine_saturation",
     "pool_saturated",
