@@ -124,6 +124,15 @@ class EngineState:
     kv: float = 0.1
     preemptions: float = 0
     success: float = 3  # requests finished (vllm:request_success_total{finished_reason="stop"})
+    # The queue-time histogram's count and sum when given (else one request that waited 0.2 s).
+    queue_count: float | None = None
+    queue_sum: float = 0.0
+
+
+def set_histogram(child: Histogram, count: float, total: float) -> None:
+    """Give a histogram child a count and a sum without observing each value (all in the +Inf bucket)."""
+    child._sum.set(total)  # type: ignore[attr-defined]
+    child._buckets[-1].set(count)  # type: ignore[attr-defined]
 
 
 def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False, by_reason: bool = True) -> bytes:
@@ -152,7 +161,10 @@ def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False
             info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(e.preemptions)
             ok.labels(*lv, "stop").inc(e.success)
-            queue.labels(*lv).observe(0.2)
+            if e.queue_count is None:
+                queue.labels(*lv).observe(0.2)
+            else:
+                set_histogram(queue.labels(*lv), e.queue_count, e.queue_sum)
             e2e.labels(*lv).observe(1.2)
     from prometheus_client import PROCESS_COLLECTOR
 

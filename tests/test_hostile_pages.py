@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import FakeClock
 from model_concurrency import get_utilization, map_concurrent, register_model
-from model_concurrency.page_hold import LIVELOCK, RETRACTION_LIVELOCK, WEDGED
+from model_concurrency.observation import Observation
+from model_concurrency.page_hold import LIVELOCK, RETRACTION_LIVELOCK, WEDGED, PageHold
 from model_concurrency.runtime import ModelRuntime, runtime_for
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.telemetry import snapshot
@@ -37,16 +40,20 @@ class Engine:
     preemptions: float = 0.0
     livelock: bool = False
     sglang: bool = False
+    admitted: float = 0.0  # the queue-time histogram's count: every request admitted, none of them kept waiting
 
     def render(self) -> bytes:
         if self.livelock:
             return vllm_page({SERVED: [EngineState(running=0, waiting_capacity=6, kv=0.0, success=self.success)]})
         running = self.running()
         self.success += running  # the batch turns over every poll
+        self.admitted += running
         if self.sglang:
             scheduler = SglangScheduler(running=running, queue=self.wedged, retracted=self.preemptions)
             return sglang_page({SERVED: [scheduler]}, finished=self.success)
-        state = EngineState(running=running, waiting_capacity=self.wedged, kv=0.05, success=self.success)
+        state = EngineState(
+            running=running, waiting_capacity=self.wedged, kv=0.05, success=self.success, queue_count=self.admitted
+        )
         return vllm_page({SERVED: [state]})
 
 
@@ -138,13 +145,17 @@ def test_a_real_queue_still_cuts(clock: FakeClock) -> None:
     capacity = 24
     with metrics_server() as server:
         runtime = runtime_on(server, clock)
-        success = [0.0]
+        counts = [0.0, 0.0]  # finished (= admitted) and their total queue time
 
         def full() -> bytes:
             sent = runtime.peek()
-            running = min(sent, capacity)
-            success[0] += running
-            state = EngineState(running=running, waiting_capacity=max(0, sent - capacity), kv=0.05, success=success[0])
+            running, queued = min(sent, capacity), max(0, sent - capacity)
+            counts[0] += running
+            counts[1] += queued * POLL_S * 1.1  # Little: the queue held `queued` requests over the poll
+            state = EngineState(
+                running=running, waiting_capacity=queued, kv=0.05, success=counts[0], queue_count=counts[0],
+                queue_sum=counts[1],
+            )  # fmt: skip
             return vllm_page({SERVED: [state]})
 
         server.behaviour = Behaviour(render=full)
@@ -184,3 +195,34 @@ def test_map_concurrent_holds_through_a_wedged_request(monkeypatch: pytest.Monke
         start = levels[0]
         assert min(levels) >= int(0.8 * start) - 1 and levels[-1] >= start, levels
         assert get_utilization("m")["saturated"] is False
+
+
+observations = st.builds(
+    Observation,
+    running=st.floats(0, 100),
+    waiting_capacity=st.sampled_from([0.0, 1.0, 2.0, 6.0]),
+    preemptions=st.sampled_from([0.0, 3.0]),
+    completed=st.one_of(st.none(), st.floats(0, 200)),
+    queue_time_mean_s=st.one_of(st.none(), st.floats(0, 5)),
+    inflight=st.integers(0, 100),
+)
+
+
+@given(st.lists(st.tuples(st.floats(1, 1000), observations), max_size=30))
+def test_a_hold_never_raises_past_a_target_it_was_given(polls: list[tuple[float, Observation]]) -> None:
+    hold, seen = PageHold(), 0.0
+    for i, (target, obs) in enumerate(polls):
+        seen = max(seen, target)
+        held = hold.judge(target, replace(obs, time=float(i)))
+        if held is not None:
+            assert target <= held <= seen
+        if obs.waiting_capacity == 0 and obs.preemptions == 0:
+            assert held is None
+
+
+def test_no_queue_time_figures_no_wedge() -> None:
+    """The wedge rule needs the queue-time histogram: without it the policy decides (nothing is proven)."""
+    hold = PageHold()
+    for i in range(10):
+        obs = Observation(running=50 - i, waiting_capacity=1, completed=100, inflight=50 - 5 * i, time=float(i))
+        assert hold.judge(50.0, obs) is None

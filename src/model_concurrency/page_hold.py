@@ -20,11 +20,16 @@ I/O. The rules, each a property a full engine cannot have:
 * **a waiting count that room does not drain** (wedge): the capacity-waiting count ``w`` has kept exactly the same
   value since it appeared, while (a) the engine completed at least as many requests as it was running then
   (a whole batch turned over: with FCFS admission any request that fits the cache at all would have been admitted
-  into the blocks that freed), and (b) room appeared: our in-flight count or the engine's ``running`` fell by more
-  than ``w`` since. A real queue moves when room appears, a queue of ours shrinks when we cut; this one did
-  neither. The spell's first polls are the policy's (a wedge and a queue of exactly ``w`` from a closed loop one
-  over capacity look the same until a cut shows which), so once it is confirmed the target goes back to where it
-  was when ``w`` appeared: the cuts made on a reading that proved not to be a signal are undone.
+  into the blocks that freed), (b) room appeared: our in-flight count or the engine's ``running`` fell by more
+  than ``w`` since, and (c) by Little's law the queue that flowed held at least one request fewer than ``w``:
+  the requests admitted meanwhile waited ``Σ queue time`` in all (the queue-time histogram's deltas), an average
+  population of ``Σ queue time / seconds``, so the rest of ``w`` never moved. A real queue moves when room
+  appears, a queue of ours shrinks when we cut; this one did neither. Without queue-time figures nothing is
+  proven and the policy decides. The spell's first polls are the policy's (a wedge and a queue of exactly ``w``
+  from a closed loop one over capacity look the same until a cut shows which), so once it is confirmed the target
+  goes back to where it was when ``w`` appeared: the cuts made on a reading that proved not to be a signal are
+  undone. (Without (c), a queue kept at one length by two clients sharing an engine fired it on
+  ``embed-shared`` and ``multi-client-32``; with it, no bundled scenario holds a single poll.)
 * **retractions at zero goodput** (retraction livelock): preemptions on ``retraction_polls`` consecutive polls
   (3) without a single completion. Held from then, back at the target the spell started from.
 
@@ -59,6 +64,10 @@ class _Spell:
     completed: float = 0.0
     polls: int = 1
     confirmed: bool = False
+    # Little's law over the spell: Σ (queue time of the requests admitted) and the seconds it covers; None once a
+    # poll had no queue-time figures (the page lacks the histogram, or nothing was admitted).
+    queued_s: float | None = 0.0
+    elapsed_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -71,6 +80,7 @@ class PageHold:
     holds: int = 0  # polls held, over the runtime's life
     _queue: _Spell | None = None
     _retraction: _Spell | None = None
+    _last_time: float | None = None
 
     @property
     def active(self) -> bool:
@@ -93,7 +103,9 @@ class PageHold:
         self.reason = None
         if not self.enabled or not obs.ok:
             return None
-        queue = self._track_queue(target, obs)
+        elapsed = obs.time - self._last_time if self._last_time is not None else 0.0
+        self._last_time = obs.time
+        queue = self._track_queue(target, obs, elapsed)
         retraction = self._track_retraction(target, obs)
         completed = obs.completed or 0.0
         if obs.waiting_capacity > 0 and obs.running <= 0 and completed <= 0:
@@ -107,7 +119,7 @@ class PageHold:
         self.holds += 1
         return held
 
-    def _track_queue(self, target: float, obs: Observation) -> float | None:
+    def _track_queue(self, target: float, obs: Observation, elapsed: float) -> float | None:
         """The wedge rule: the spell's start target once confirmed, else None."""
         w = obs.waiting_capacity
         spell = self._queue
@@ -118,11 +130,15 @@ class PageHold:
             self._queue = _Spell(w, target, obs.inflight, obs.running)
             return None
         spell.polls += 1
-        spell.completed += obs.completed or 0.0
+        completed = obs.completed or 0.0
+        spell.completed += completed
+        spell.elapsed_s += elapsed
+        mean = obs.queue_time_mean_s
+        spell.queued_s = None if spell.queued_s is None or mean is None else spell.queued_s + mean * completed
         if not spell.confirmed:
             turned_over = spell.completed >= max(spell.running, w + 1)
             room = spell.inflight - obs.inflight > w or spell.running - obs.running > w
-            spell.confirmed = turned_over and room
+            spell.confirmed = turned_over and room and _stuck(spell)
         return spell.target if spell.confirmed else None
 
     def _track_retraction(self, target: float, obs: Observation) -> float | None:
@@ -135,3 +151,12 @@ class PageHold:
             self._retraction = spell = _Spell(obs.preemptions, target, obs.inflight, obs.running, polls=0)
         spell.polls += 1
         return spell.target if spell.polls >= self.retraction_polls else None
+
+
+def _stuck(spell: _Spell) -> bool:
+    """Little's law: the requests admitted during the spell spent ``Σ queue time`` waiting, i.e. an average of
+    ``Σ queue time / seconds`` of them were in the queue at any moment. A queue that flows holds that many; when the
+    gauge shows at least one more, that one is not flowing. Without queue-time figures nothing is proven."""
+    if spell.queued_s is None or spell.elapsed_s <= 0:
+        return False
+    return spell.queued_s / spell.elapsed_s < spell.value - 0.5
