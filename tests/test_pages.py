@@ -182,3 +182,16 @@ def test_map_concurrent_ramps_on_an_sglang_engine(monkeypatch: pytest.MonkeyPatc
         asyncio.run(map_concurrent(items(), call, model="qwen"))
         assert runtime.current() >= 16 and runtime.core.last_ok is True
         assert server.requests and all(path == "/metrics" for path, _ in server.requests)
+
+
+def test_promql_answer_with_deferred_only_has_no_capacity_wait() -> None:
+    """The fleet source sums the same series; the same rule holds there."""
+    from model_concurrency.signals.prometheus_api import _snapshot
+
+    summed = [
+        ({"__name__": "vllm:num_requests_running"}, 40.0),
+        ({"__name__": "vllm:num_requests_waiting"}, 5.0),
+        ({"__name__": "vllm:num_requests_waiting_by_reason", "reason": "deferred"}, 5.0),
+    ]
+    snap = _snapshot(summed, [])
+    assert (snap.running, snap.waiting, snap.waiting_capacity, snap.gateway_saturation) == (40, 5, 0, None)
