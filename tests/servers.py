@@ -125,6 +125,16 @@ class EngineState:
     preemptions: float = 0
     # Each request's queue time, observed into vllm:request_queue_time_seconds.
     queue_waits: tuple[float, ...] = (0.2,)
+    success: float = 3  # requests finished (vllm:request_success_total{finished_reason="stop"})
+    # The queue-time histogram's count and sum when given (else one request that waited 0.2 s).
+    queue_count: float | None = None
+    queue_sum: float = 0.0
+
+
+def set_histogram(child: Histogram, count: float, total: float) -> None:
+    """Give a histogram child a count and a sum without observing each value (all in the +Inf bucket)."""
+    child._sum.set(total)  # type: ignore[attr-defined]
+    child._buckets[-1].set(count)  # type: ignore[attr-defined]
 
 
 def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False, by_reason: bool = True) -> bytes:
@@ -152,10 +162,88 @@ def vllm_page(models: dict[str, list[EngineState]], *, old_kv_name: bool = False
             kv.labels(*lv).set(e.kv)
             info.labels(*lv, "16", "4096").set(1)
             pre.labels(*lv).inc(e.preemptions)
-            ok.labels(*lv, "stop").inc(3)
-            for wait in e.queue_waits:
-                queue.labels(*lv).observe(wait)
+            ok.labels(*lv, "stop").inc(e.success)
+            if e.queue_count is None:
+                for wait in e.queue_waits:
+                    queue.labels(*lv).observe(wait)
+            else:
+                set_histogram(queue.labels(*lv), e.queue_count, e.queue_sum)
             e2e.labels(*lv).observe(1.2)
+    from prometheus_client import PROCESS_COLLECTOR
+
+    reg.register(PROCESS_COLLECTOR)
+    return generate_latest(reg)
+
+
+# SGLang's queue-time buckets (python/sglang/srt/metrics/collector.py), shortened to the first dozen.
+SGLANG_QUEUE_BUCKETS = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20)
+
+
+@dataclass
+class SglangScheduler:
+    """One SGLang scheduler (a data-parallel rank): what its gauges and counters read."""
+
+    running: float = 0
+    queue: float = 0
+    token_usage: float = 0.1
+    max_tokens: int = 100_000
+    retracted: float = 0
+    grammar_queue: float = 0
+
+
+def sglang_page(models: dict[str, list[SglangScheduler]], *, tp: int = 1, finished: float = 3) -> bytes:
+    """An SGLang ``--enable-metrics`` page rendered by prometheus_client, from SGLang's published metric list.
+
+    Scheduler series carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`` (and ``dp_rank`` when a
+    model has several schedulers); with ``tp`` > 1 every TP rank repeats its scheduler's numbers, as with
+    ``--enable-metrics-for-all-schedulers``. Tokenizer counters carry ``model_name`` only."""
+    reg = CollectorRegistry()
+    dp = any(len(schedulers) > 1 for schedulers in models.values())
+    labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", *(["dp_rank"] if dp else [])]
+
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(f"sglang:{name}", doc, labels, registry=reg, multiprocess_mode="mostrecent")
+
+    running = gauge("num_running_reqs", "The number of running requests.")
+    used = gauge("num_used_tokens", "The number of used tokens.")
+    usage = gauge("token_usage", "The token usage.")
+    throughput = gauge("gen_throughput", "The generation throughput (token/s).")
+    queue = gauge("num_queue_reqs", "The number of requests in the waiting queue.")
+    grammar = gauge("num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.")
+    hit = gauge("cache_hit_rate", "The prefix cache hit rate.")
+    pool = gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.")
+    retracted_now = Gauge("sglang:num_retracted_reqs", "The number of retracted requests.", labels, registry=reg)
+    retracted = Counter("sglang:num_retracted_requests", "Total number of retracted requests.", labels, registry=reg)
+    queue_time = Histogram(
+        "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", labels,
+        buckets=SGLANG_QUEUE_BUCKETS, registry=reg,
+    )  # fmt: skip
+    tok = ["model_name"]
+    prompt = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tok, registry=reg)
+    generation = Counter("sglang:generation_tokens", "Number of generation tokens processed.", tok, registry=reg)
+    requests = Counter("sglang:num_requests", "Number of requests processed.", tok, registry=reg)
+    aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted.", tok, registry=reg)
+    e2e = Histogram("sglang:e2e_request_latency_seconds", "E2E", tok, buckets=QUEUE_BUCKETS, registry=reg)
+    for model, schedulers in models.items():
+        for i, s in enumerate(schedulers):
+            for rank in range(tp):
+                lv = [model, "unified", str(rank), "0", "0", *([str(i)] if dp else [])]
+                running.labels(*lv).set(s.running)
+                used.labels(*lv).set(round(s.token_usage * s.max_tokens))
+                usage.labels(*lv).set(s.token_usage)
+                throughput.labels(*lv).set(1234.5)
+                queue.labels(*lv).set(s.queue)
+                grammar.labels(*lv).set(s.grammar_queue)
+                hit.labels(*lv).set(0.25)
+                pool.labels(*lv).set(s.max_tokens)
+                retracted_now.labels(*lv).set(0)
+                retracted.labels(*lv).inc(s.retracted)
+                queue_time.labels(*lv).observe(0.2)
+        prompt.labels(model).inc(300 * finished)
+        generation.labels(model).inc(50 * finished)
+        requests.labels(model).inc(finished)
+        aborted.labels(model).inc(0)
+        e2e.labels(model).observe(1.2)
     from prometheus_client import PROCESS_COLLECTOR
 
     reg.register(PROCESS_COLLECTOR)

@@ -49,6 +49,7 @@ from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
 from model_concurrency.decision import Decision, limited_by_policy
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
+from model_concurrency.page_hold import PageHold
 from model_concurrency.policies.base import Policy, Target, declared_grace_polls, wants_fast_polls
 
 __all__ = ["THROTTLED", "CallRecorder", "ControllerCore", "UniformSource", "check_poll_jitter"]
@@ -108,6 +109,8 @@ class ControllerCore:
     # Tokens weighted calls may hold at once (a policy answering a Target with tokens); None: not enforced.
     token_budget: int | None = field(default=None, init=False)
     guard: GrowthGuard = field(default_factory=GrowthGuard)
+    # Readings that are not a capacity signal (a wedged request, a livelock): hold instead of asking the policy.
+    page_hold: PageHold = field(default_factory=PageHold)
     outage_handover: bool = True
     outage_floored: bool = False
     fast_polls: int = 0
@@ -141,7 +144,7 @@ class ControllerCore:
     @property
     def saturated(self) -> bool:
         obs = self.last_observation
-        return bool(self.last_ok and obs is not None and obs.waiting_capacity > 0)
+        return bool(self.last_ok and obs is not None and obs.waiting_capacity > 0 and not self.page_hold.active)
 
     def set_bounds(self, floor: int, ceiling: int) -> None:
         self.floor, self.ceiling = floor, ceiling
@@ -238,13 +241,7 @@ class ControllerCore:
         self.consecutive_failures = 0
         self.outage_floored = False
         self.last_ok, self.last_error, self.last_observation = True, None, obs
-        try:
-            answer = self.policy.next_target(self.target_value, obs)
-            proposed = float(answer)  # a Target is its request count; its tokens ride along
-        except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
-            self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
-            log.error("%s; holding the target", self.last_error)
-            answer, proposed = None, math.nan
+        answer, proposed = self._propose(obs)
         if not math.isfinite(proposed):
             proposed = self.target_value
         elif answer is not None:
@@ -253,7 +250,8 @@ class ControllerCore:
         guarded = self.guard.bound(self.target_value, proposed, obs)
         self.target_value = self._clamp(min(proposed, guarded))
         if answer is None:
-            return "policy error: held", limited_by_policy(obs, before)
+            rule = f"page hold: {self.page_hold.reason}" if self.page_hold.active else "policy error: held"
+            return rule, limited_by_policy(obs, before)
         if self._clamp(guarded) < self._clamp(proposed):
             if obs.client_throttled > 0 or self._throttle_cap_binds(guarded):
                 return "throttle cap", "throttled"
@@ -268,6 +266,19 @@ class ControllerCore:
         """Whether the guard's bound is its throttle cap (not its knee cap)."""
         cap, knee = self.guard.throttle_cap, self.guard.cap
         return cap is not None and guarded >= cap and (knee is None or cap <= knee)
+
+    def _propose(self, obs: Observation) -> tuple[float | Target | None, float]:
+        """The policy's answer and its request count; a page hold (page_hold.py) answers instead of the policy."""
+        held = self.page_hold.judge(self.target_value, obs)
+        if held is not None:
+            return None, held
+        try:
+            answer = self.policy.next_target(self.target_value, obs)
+            return answer, float(answer)  # a Target is its request count; its tokens ride along
+        except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
+            self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"
+            log.error("%s; holding the target", self.last_error)
+            return None, math.nan
 
     def note_throttled(self, inflight: int, now: float | None = None, factor: float | None = None) -> int:
         """A call came back 429/503: the target drops to ``throttle_cut`` × the calls still in flight, at once.

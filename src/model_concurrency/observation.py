@@ -13,7 +13,7 @@ restart, and the interval is then unknown, never negative.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["CallStats", "EngineSnapshot", "Interval", "Observation", "counter_delta", "interval_between", "observe"]
 
@@ -67,6 +67,10 @@ class EngineSnapshot:
     # ``vllm:e2e_request_latency_seconds_sum``: the seconds finished requests spent in the server. Its growth over
     # an interval divided by the interval is the mean number of requests in the server then (Little's law).
     e2e_latency_sum_total: float | None = None
+    # The Gateway API Inference Extension's pool score (signals/saturation.py), read beside ours for operators;
+    # no policy reads it, and it takes no part in equality (the simulated engine, whose snapshots are compared with
+    # parsed pages, does not compute it). None when the source cannot tell engines apart (a PromQL sum).
+    gateway_saturation: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,6 +39,7 @@ from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.policies.static import Static
 from model_concurrency.signals.prometheus_api import PrometheusSource
+from model_concurrency.signals.saturation import gateway_view
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.signals.source import ClientOnlySource, SignalSource, VllmMetricsSource
 from model_concurrency.state import RuntimeState
@@ -338,6 +339,9 @@ class ModelRuntime:
         core = self.core
         obs, decision = core.last_observation, core.last_decision
         good = obs if (obs is not None and obs.ok) else None
+        snapshot = core.last_snapshot
+        score = snapshot.gateway_saturation if core.last_ok and snapshot is not None else None
+        gateway_saturation, gateway_saturated = gateway_view(core.last_ok, score)
         return RuntimeState(
             model=self.name,
             served_model_name=self.spec.served_name if self.spec is not None else None,
@@ -353,6 +357,9 @@ class ModelRuntime:
             ceiling=core.upper,
             metrics_ok=core.last_ok,
             saturated=core.saturated,
+            gateway_saturation=gateway_saturation,
+            gateway_saturated=gateway_saturated,
+            page_hold=core.page_hold.reason,
             last_poll=self._last_poll_wall,
             consecutive_failures=core.consecutive_failures,
             last_error=core.last_error,

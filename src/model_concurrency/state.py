@@ -37,6 +37,11 @@ class RuntimeState:
     ceiling: int = 1
     metrics_ok: bool | None = None
     saturated: bool = False
+    # The Gateway API Inference Extension's pool score beside ours (signals/saturation.py), and whether it calls the
+    # pool saturated; the reason a hostile page holds the target (page_hold.py), if one does.
+    gateway_saturation: float | None = None
+    gateway_saturated: bool | None = None
+    page_hold: str | None = None
     last_poll: float | None = None  # wall-clock seconds since the epoch
     consecutive_failures: int = 0
     last_error: str | None = None

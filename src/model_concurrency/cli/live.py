@@ -58,6 +58,13 @@ def register(subparsers: Any) -> None:
         "dynamo (529), openai, anthropic (429 with their rate-limit headers)",
     )
     e.add_argument(
+        "--metrics-flavor",
+        default="vllm-new",
+        choices=("vllm-new", "vllm", "sglang"),
+        help="the /metrics page served: vllm-new (vLLM's latest design, default), vllm (a release without "
+        "num_requests_waiting_by_reason) or sglang (SGLang's sglang:* page)",
+    )
+    e.add_argument(
         "--log-level",
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
@@ -127,6 +134,7 @@ def emulate(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         max_num_queued_reqs=args.max_num_queued_reqs,
         reject_style=args.reject_style,
+        metrics_flavor=args.metrics_flavor,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)
@@ -262,6 +270,7 @@ _COLUMNS = (
     ("cap-waiting", "waiting_capacity"),
     ("KV usage", "kv_cache_usage"),
     ("saturated", "saturated"),
+    ("gateway", "gateway_saturation"),
     ("metrics", "metrics_ok"),
     ("policy", "policy"),
 )
@@ -281,9 +290,18 @@ def utilization_rows() -> list[dict[str, Any]]:
         kv = row.get("kv_cache_usage")
         row["kv_cache_usage"] = None if kv is None else f"{100 * kv:.1f}%"
         ok = row.get("metrics_ok")
+        row["gateway_saturation"] = gateway_cell(row.get("gateway_saturation"), row.get("gateway_saturated"))
         row["metrics_ok"] = "static" if ok is None else ("ok" if ok else short_failure(row.get("last_error")))
         rows.append(row)
     return rows
+
+
+def gateway_cell(score: Any, saturated: Any) -> str | None:
+    """The gateway's pool score, ``sat`` when it counts the pool saturated (≥ 1.0, or stale metrics)."""
+    if saturated is None:
+        return None  # static: nothing measured
+    text = "stale" if score is None else f"{score:.2f}"
+    return f"{text} sat" if saturated else text
 
 
 def short_failure(error: Any) -> str:

@@ -29,6 +29,7 @@ from model_concurrency.emulator.openai_shapes import ApiError
 from model_concurrency.emulator.rejections import check_style, queue_full
 from model_concurrency.emulator.tokens import make_counter
 from model_concurrency.engine import EngineDownError, EnginePreset, FrontEndCost, Request, Server, get_preset
+from model_concurrency.engine.metrics import DEFAULT_FLAVOR, METRICS_FLAVORS, make_registry
 from model_concurrency.engine.ratelimit import RateLimited, RateLimiter
 from model_concurrency.engine.request import LENGTH, STOP
 
@@ -65,6 +66,9 @@ class EmulatorConfig:
     max_num_queued_reqs: int | None = None
     reject_style: str = "vllm"
     reject_retry_after_s: float = 1.0
+    # Which engine's /metrics page to serve (engine/metrics.py): vllm-new (vLLM's latest design), vllm (a release
+    # without the by-reason gauge) or sglang (SGLang's --enable-metrics page).
+    metrics_flavor: str = DEFAULT_FLAVOR
 
     def engine_preset(self) -> EnginePreset:
         preset = get_preset(self.preset) if isinstance(self.preset, str) else self.preset
@@ -95,6 +99,8 @@ class EmulatorConfig:
             raise ValueError(f"max_num_queued_reqs must be >= 0, got {self.max_num_queued_reqs}")
         if not (math.isfinite(self.reject_retry_after_s) and self.reject_retry_after_s >= 0):
             raise ValueError(f"reject_retry_after_s must be a finite number >= 0, got {self.reject_retry_after_s!r}")
+        if self.metrics_flavor not in METRICS_FLAVORS:
+            raise ValueError(f"unknown metrics flavor {self.metrics_flavor!r}; known: {', '.join(METRICS_FLAVORS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,9 @@ class EngineCore:
         self.env = simpy.Environment()
         self.server = Server(self.env, self.preset, num_engines=config.engines, model_name=config.served_model_name)
         self.model_name = self.server.model_name
+        if config.metrics_flavor != DEFAULT_FLAVOR:
+            server = self.server
+            server.registry = make_registry(lambda: server.engines, config.metrics_flavor)
         self.limiter = RateLimiter(config.requests_per_minute, config.tokens_per_minute)
         self.driver = SimDriver(self.env, config.time_scale, on_advance=self._advanced, clock=clock)
         self._streams: set[_Job] = set()

@@ -9,6 +9,20 @@ its ``num_gpu_blocks`` label. ``parse_vllm_metrics`` reads this page back into e
 Two deliberate choices: every waiting request is reported under ``reason="capacity"`` (the model has no LoRA,
 KV-transfer or grammar deferrals, so ``deferred`` is always 0), and ``cache_config_info`` carries ``model_name``
 so a parser that selects by served model name can sum ``num_gpu_blocks`` per model.
+
+Flavors (:data:`METRICS_FLAVORS`; the emulator's ``--metrics-flavor``), so the lab and the emulator render the
+same engines as the pages users really scrape:
+
+* ``vllm-new`` (the default): vLLM's latest metrics design, as above: ``kv_cache_usage_perc`` only (no ``gpu_``
+  names) and ``num_requests_waiting_by_reason{capacity|deferred}``;
+* ``vllm``: a release from before the by-reason gauge: ``num_requests_waiting`` alone (a parser must fall back to
+  it), everything else the same;
+* ``sglang``: SGLang's ``--enable-metrics`` page (:class:`SglangCollector`): ``sglang:num_running_reqs``,
+  ``num_queue_reqs``, ``token_usage``, ``num_used_tokens``, ``max_total_num_tokens``,
+  ``num_retracted_requests_total`` (preemptions are SGLang's retractions) and ``queue_time_seconds`` per
+  scheduler (``dp_rank`` when there are several engines), ``num_requests_total``, ``prompt_tokens_total``,
+  ``generation_tokens_total`` and the TTFT / e2e histograms per model, as SGLang's tokenizer manager counts them.
+  The histograms keep the engine model's (vLLM's) buckets; parsers read their sums and counts only.
 """
 
 from __future__ import annotations
@@ -23,7 +37,10 @@ from prometheus_client.utils import floatToGoString
 from model_concurrency.engine.engine import Engine
 from model_concurrency.engine.stats import FINISHED_REASONS, Histogram
 
-__all__ = ["VllmCollector", "make_registry", "render_engines"]
+__all__ = ["DEFAULT_FLAVOR", "METRICS_FLAVORS", "SglangCollector", "VllmCollector", "make_registry", "render_engines"]
+
+METRICS_FLAVORS = ("vllm-new", "vllm", "sglang")
+DEFAULT_FLAVOR = "vllm-new"
 
 _LABELS = ["engine", "model_name"]
 _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
@@ -43,8 +60,9 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
 class VllmCollector:
     """A prometheus_client collector over whatever engines ``engines()`` returns at scrape time."""
 
-    def __init__(self, engines: Callable[[], Sequence[Engine]]) -> None:
+    def __init__(self, engines: Callable[[], Sequence[Engine]], *, by_reason: bool = True) -> None:
         self._engines = engines
+        self._by_reason = by_reason  # False: the ``vllm`` flavor, a release without the by-reason gauge
 
     def describe(self) -> list[Any]:
         return []  # unchecked collector: families are produced at scrape time only
@@ -97,17 +115,99 @@ class VllmCollector:
             for family, (_, attr, _) in zip(histograms, _HISTOGRAMS, strict=True):
                 hist: Histogram = getattr(stats, attr)
                 family.add_metric(labels, _buckets(hist), hist.sum)
-        yield from (running, waiting, by_reason, kv, info, preemptions, prompt, generation, success, *histograms)
+        gauges = (running, waiting, by_reason) if self._by_reason else (running, waiting)
+        yield from (*gauges, kv, info, preemptions, prompt, generation, success, *histograms)
 
 
-def make_registry(engines: Callable[[], Sequence[Engine]]) -> CollectorRegistry:
-    """A registry holding only the vLLM collector (no process or GC collectors: simulated time has none)."""
+_SGLANG_SCHEDULER = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+
+
+class SglangCollector:
+    """The same engines as SGLang's ``/metrics`` page: one scheduler per engine (see the module docstring)."""
+
+    def __init__(self, engines: Callable[[], Sequence[Engine]]) -> None:
+        self._engines = engines
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        engines = [e for e in self._engines() if e.up]
+        labels = [*_SGLANG_SCHEDULER, *(["dp_rank"] if len(self._engines()) > 1 else [])]
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"sglang:{name}", doc, labels=labels)
+
+        running = gauge("num_running_reqs", "The number of running requests.")
+        queue = gauge("num_queue_reqs", "The number of requests in the waiting queue.")
+        grammar = gauge("num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.")
+        usage = gauge("token_usage", "The token usage.")
+        used = gauge("num_used_tokens", "The number of used tokens.")
+        pool = gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.")
+        retracted = CounterMetricFamily("sglang:num_retracted_requests", "Total number of retracted requests.",
+                                        labels=labels)  # fmt: skip
+        queue_time = HistogramMetricFamily("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                           labels=labels)  # fmt: skip
+        per_model = ["model_name"]
+        requests = CounterMetricFamily("sglang:num_requests", "Number of requests processed.", labels=per_model)
+        prompt = CounterMetricFamily("sglang:prompt_tokens", "Number of prefill tokens processed.", labels=per_model)
+        generation = CounterMetricFamily("sglang:generation_tokens", "Number of generation tokens processed.",
+                                         labels=per_model)  # fmt: skip
+        ttft = HistogramMetricFamily("sglang:time_to_first_token_seconds",
+                                     "Histogram of time to first token in seconds.", labels=per_model)  # fmt: skip
+        e2e = HistogramMetricFamily("sglang:e2e_request_latency_seconds",
+                                    "Histogram of End-to-end request latency in seconds", labels=per_model)  # fmt: skip
+        totals: dict[str, list[float]] = {}  # model -> finished, prompt tokens, generated tokens
+        merged: dict[tuple[str, str], tuple[list[tuple[str, float]], float]] = {}  # per model: buckets, sum
+        for e in engines:
+            values = [e.model_name, "unified", "0", "0", "0", *([e.label] if len(labels) > 5 else [])]
+            r, w, kv, _, tokens, pre, ok, gen, _, _ = e.signals()
+            stats = e.stats
+            running.add_metric(values, r)
+            queue.add_metric(values, w)
+            grammar.add_metric(values, 0.0)
+            usage.add_metric(values, kv)
+            used.add_metric(values, float(round(kv * tokens)))
+            pool.add_metric(values, float(tokens))
+            retracted.add_metric(values, pre)
+            queue_time.add_metric(values, _buckets(stats.queue_time), stats.queue_time.sum)
+            model = totals.setdefault(e.model_name, [0.0, 0.0, 0.0])
+            model[0] += ok
+            model[1] += float(stats.prompt_tokens)
+            model[2] += gen
+            for kind, hist in (("ttft", stats.ttft), ("e2e", stats.e2e)):
+                buckets, total = _buckets(hist), hist.sum
+                seen = merged.get((e.model_name, kind))
+                if seen is not None:  # the same bounds on every engine: add the cumulative counts
+                    buckets = [
+                        (edge, count + before) for (edge, count), (_, before) in zip(buckets, seen[0], strict=True)
+                    ]
+                    total += seen[1]
+                merged[(e.model_name, kind)] = (buckets, total)
+        for name, (ok, prompt_tokens, generated) in totals.items():
+            requests.add_metric([name], ok)
+            prompt.add_metric([name], prompt_tokens)
+            generation.add_metric([name], generated)
+        for (name, kind), (buckets, total) in merged.items():
+            (ttft if kind == "ttft" else e2e).add_metric([name], buckets, total)
+        yield from (running, queue, grammar, usage, used, pool, retracted, queue_time)
+        yield from (requests, prompt, generation, ttft, e2e)
+
+
+def make_registry(engines: Callable[[], Sequence[Engine]], flavor: str = DEFAULT_FLAVOR) -> CollectorRegistry:
+    """A registry holding only the engines' collector in ``flavor`` (no process or GC collectors: simulated time
+    has none). ``ValueError`` for an unknown flavor."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(VllmCollector(engines))
+    if flavor == "sglang":
+        registry.register(SglangCollector(engines))
+    elif flavor in ("vllm-new", "vllm"):
+        registry.register(VllmCollector(engines, by_reason=flavor == "vllm-new"))
+    else:
+        raise ValueError(f"unknown metrics flavor {flavor!r}; known: {', '.join(METRICS_FLAVORS)}")
     return registry
 
 
-def render_engines(engines: Iterable[Engine]) -> str:
+def render_engines(engines: Iterable[Engine], flavor: str = DEFAULT_FLAVOR) -> str:
     """One-off rendering of some engines as a ``/metrics`` page."""
     fixed = list(engines)
-    return generate_latest(make_registry(lambda: fixed)).decode("utf-8")
+    return generate_latest(make_registry(lambda: fixed, flavor)).decode("utf-8")

@@ -18,6 +18,7 @@ import numpy as np
 import simpy
 
 from model_concurrency import knobs
+from model_concurrency.engine import Engine
 from model_concurrency.knobs import setting
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
 from model_concurrency.lab.scenario import Scenario
@@ -25,6 +26,7 @@ from model_concurrency.lab.summary import summarize
 from model_concurrency.lab.trace import Array, ClientTrace, Trace
 from model_concurrency.lab.world import Phase, World
 from model_concurrency.policies.base import Policy
+from model_concurrency.signals.saturation import STALE, engine_saturation, pool_saturation
 
 __all__ = ["RunResult", "poll_jitter_rng", "run_scenario", "simulate"]
 
@@ -113,7 +115,7 @@ def simulate(
                 shared_records=records,
             )
         )
-    samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions")}
+    samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions", "gateway")}
     # One column of every client per sample, written into a (clients, samples) matrix per series, so each client's
     # series is a contiguous row of it without a copy at the end (at fleet scale: 5 × 1,000 × 1,801 floats, and
     # stacking and transposing sample rows held them twice over).
@@ -133,6 +135,7 @@ def simulate(
             samples["waiting"].append(sum(e.gauge_waiting for s in live for e in s.engines if e.up))
             samples["kv"].append(max((e.kv_usage for s in live for e in s.engines if e.up), default=0.0))
             samples["preemptions"].append(sum(e.stats.num_preemptions for s in world.fleet.replicas for e in s.engines))
+            samples["gateway"].append(gateway_score([e for s in live for e in s.engines], world.metrics_up))
             if taken == per_client["target"].shape[1]:
                 per_client = {k: np.concatenate([m, np.empty_like(m)], axis=1) for k, m in per_client.items()}
             k = taken
@@ -172,7 +175,17 @@ def simulate(
         duration_s=scenario.duration_s,
         capacity_changes=scenario.capacity_change_times,
         limit_rps=scenario.rate_limit.items_per_s(w.prompt_tokens + w.output_tokens),
+        gateway_saturation=arr["gateway"],
     )
+
+
+def gateway_score(engines: list[Engine], metrics_up: bool) -> float:
+    """The gateway's pool score over ``engines`` from their exported gauges; a down engine, or every engine during
+    a metrics outage, is stale (1.0). An empty pool has no fresh metrics at all: 1.0."""
+    if not metrics_up:
+        return STALE
+    score = pool_saturation(engine_saturation(e.gauge_waiting, e.gauge_kv_usage) if e.up else None for e in engines)
+    return STALE if score is None else score
 
 
 # A cold oracle run goes to a second process only when the run is long enough to repay the worker's start (about a

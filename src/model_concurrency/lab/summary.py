@@ -13,6 +13,10 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``oracle_time_to_90pct_s``: the oracle's own figure on the same definition: what measurement and the engine's
   own ramp cost a client that knew the change in advance (the floor of ``time_to_90pct_s``);
 * ``saturated_fraction``: share of trace samples with capacity-waiting requests;
+* ``saturated_gateway_fraction``: share of trace samples where the Gateway API Inference Extension would call
+  the pool saturated: the mean over engines of ``max(waiting / 5, kv / 0.8)`` reaches 1.0, an engine without
+  fresh metrics (down, or the scenario's metrics outage) counting 1.0 (signals/saturation.py); None when the
+  trace did not sample it;
 * ``queue_time_p50_s`` / ``queue_time_p99_s``: engine queue time of the clients' requests;
 * ``latency_p99_s``: their end-to-end latency;
 * ``oscillation``: coefficient of variation of the summed target over the second half of the last phase;
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from model_concurrency.lab.trace import Array, Trace
+from model_concurrency.signals.saturation import STALE
 
 __all__ = ["SUMMARY_KEYS", "jain_index", "summarize"]
 
@@ -47,6 +52,7 @@ SUMMARY_KEYS = (
     "time_to_90pct_s",
     "oracle_time_to_90pct_s",
     "saturated_fraction",
+    "saturated_gateway_fraction",
     "queue_time_p50_s",
     "queue_time_p99_s",
     "oracle_queue_time_p99_s",
@@ -98,6 +104,14 @@ def preemptions_after(trace: Trace, after_s: float) -> int:
         return 0
     start = int(np.searchsorted(trace.time, min(after_s, float(trace.time[-1])), side="left"))
     return round(float(trace.preemptions[-1] - trace.preemptions[start]))
+
+
+def gateway_saturated_fraction(trace: Trace) -> float | None:
+    """Share of samples whose gateway pool score is saturated (≥ 1.0); None when the trace lacks the series."""
+    scores = trace.gateway_saturation
+    if not len(trace.time) or len(scores) != len(trace.time):
+        return None
+    return float(np.mean(scores >= STALE))
 
 
 def oscillation(trace: Trace) -> float:
@@ -161,6 +175,7 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
             time_to_fraction(oracle, oracle_final_rate) if oracle is not None and oracle_final_rate else None
         ),
         "saturated_fraction": float(np.mean(trace.waiting_capacity > 0)) if len(trace.time) else 0.0,
+        "saturated_gateway_fraction": gateway_saturated_fraction(trace),
         "queue_time_p50_s": _percentile(trace.queue_times, 50),
         "queue_time_p99_s": _percentile(trace.queue_times, 99),
         "oracle_queue_time_p99_s": _percentile(oracle.queue_times, 99) if oracle is not None else None,

@@ -45,6 +45,8 @@ class Trace:
     duration_s: float
     capacity_changes: list[float] = field(default_factory=list)
     limit_rps: float | None = None  # the scenario's rate limit in items per second (None: no limit)
+    # The Gateway API Inference Extension's pool score per sample (signals/saturation.py); empty when not sampled.
+    gateway_saturation: Array = field(default_factory=lambda: np.zeros(0))
 
     @property
     def total_completions(self) -> float:
@@ -65,6 +67,8 @@ class Trace:
 
 # Stored traces: one ``.npy`` per array in a directory, read back memory-mapped (the oracle's cached runs).
 _SERIES = ("time", "running", "waiting_capacity", "kv_usage", "preemptions", "queue_times", "latencies", "finish_times")
+# Series a trace may lack (older cached traces, runners that do not sample them): written only when sampled.
+_OPTIONAL_SERIES = ("gateway_saturation",)
 _CLIENT_SERIES = ("target", "inflight", "completions", "errors", "throttled")
 _TRACE_FORMAT = 1
 
@@ -80,6 +84,9 @@ def save_trace(trace: Trace, directory: Path) -> None:
         raise ValueError("per-client series of different lengths: not a trace from the runner")
     for name in _SERIES:
         np.save(directory / f"{name}.npy", np.asarray(getattr(trace, name), dtype=np.float64))
+    for name in _OPTIONAL_SERIES:
+        if len(getattr(trace, name)):
+            np.save(directory / f"{name}.npy", np.asarray(getattr(trace, name), dtype=np.float64))
     samples = lengths.pop() if lengths else 0
     for name in _CLIENT_SERIES:
         matrix = np.empty((len(trace.clients), samples), dtype=np.float64)
@@ -111,6 +118,7 @@ def load_trace(directory: Path) -> Trace:
         return loaded
 
     series = {name: array(name) for name in _SERIES}
+    series |= {name: array(name) for name in _OPTIONAL_SERIES if (directory / f"{name}.npy").exists()}
     matrices = {name: array(f"clients.{name}") for name in _CLIENT_SERIES}
     flat = {name: array(f"clients.{name}") for name in ("poll_times", "poll_targets")}
     lengths = {name: np.load(directory / f"clients.{name}.lengths.npy", allow_pickle=False).tolist() for name in flat}

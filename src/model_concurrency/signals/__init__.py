@@ -1,6 +1,7 @@
 """Signal sources: read engine state, never decide."""
 
 from model_concurrency.signals.scrape import ScrapeError, ScrapeLimits, metrics_url_from_base
+from model_concurrency.signals.sglang import parse_metrics_page, parse_sglang_metrics
 from model_concurrency.signals.source import SignalSource, VllmMetricsSource
 from model_concurrency.signals.vllm import MetricsError, parse_vllm_metrics
 
@@ -11,5 +12,7 @@ __all__ = [
     "SignalSource",
     "VllmMetricsSource",
     "metrics_url_from_base",
+    "parse_metrics_page",
+    "parse_sglang_metrics",
     "parse_vllm_metrics",
 ]

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, fetch_text, origin_of
-from model_concurrency.signals.vllm import parse_vllm_metrics
+from model_concurrency.signals.sglang import parse_metrics_page
 
 __all__ = ["ClientOnlySource", "SignalSource", "VllmMetricsSource"]
 
@@ -32,7 +32,8 @@ class SignalSource(Protocol):
 
 @dataclass(slots=True)
 class VllmMetricsSource:
-    """Scrapes a vLLM ``/metrics`` page and parses one served model out of it."""
+    """Scrapes a ``/metrics`` page and parses one served model out of it: a vLLM or an SGLang page, told apart by
+    the model's own series on each read (:func:`~model_concurrency.signals.sglang.parse_metrics_page`)."""
 
     metrics_url: str
     served_model_name: str
@@ -66,13 +67,13 @@ class VllmMetricsSource:
 
     def read(self) -> EngineSnapshot:
         text = fetch_text(self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits)
-        return self.meter.advance(parse_vllm_metrics(text, self.served_model_name))
+        return self.meter.advance(parse_metrics_page(text, self.served_model_name))
 
     async def aread(self) -> EngineSnapshot:
         text = await afetch_text(
             self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
         )
-        return self.meter.advance(parse_vllm_metrics(text, self.served_model_name))
+        return self.meter.advance(parse_metrics_page(text, self.served_model_name))
 
 
 @dataclass(frozen=True, slots=True)

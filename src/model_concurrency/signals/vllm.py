@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.saturation import EngineLoads
 
 __all__ = [
     "MAX_PLAUSIBLE",
@@ -35,6 +37,8 @@ __all__ = [
     "add_cache_config",
     "add_queue_bucket",
     "check_plausible",
+    "is_capacity_reason",
+    "metric_samples",
     "parse_vllm_metrics",
     "prefer_total_counters",
     "ray_form",
@@ -58,6 +62,9 @@ QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 QUEUE_BUCKET = "vllm:request_queue_time_seconds_bucket"
 E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
+
+# Labels that do not tell one engine from another for the gateway's per-engine score (signals/saturation.py).
+GATEWAY_SHARED_LABELS = frozenset({"model_name", "reason", "__name__"})
 
 _WANTED = {
     RUNNING, WAITING, WAITING_BY_REASON, *KV_USAGE, PREEMPTIONS, SUCCESS, GENERATION, QUEUE_SUM, QUEUE_COUNT,
@@ -111,6 +118,10 @@ def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
         raise MetricsError(f"unparseable metrics page: {type(exc).__name__}: {exc}") from None
 
 
+# The page's samples as (name, labels, value), for the other engines' parsers (signals/sglang.py).
+metric_samples = _samples
+
+
 def check_plausible(name: str, value: float, upper: float = MAX_PLAUSIBLE) -> float:
     """The value, or :class:`MetricsError` if it is not finite, negative, or above ``upper``."""
     if not math.isfinite(value) or value < 0 or value > upper:
@@ -129,6 +140,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     waiting_capacity: float | None = None
     buckets: dict[float, float] = {}  # queue-time histogram, summed over engines by bound
     forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
+    loads = EngineLoads(GATEWAY_SHARED_LABELS)
     for raw_name, labels, value in _samples(text):
         name = vllm_name(raw_name)
         if name not in _WANTED and name != CACHE_CONFIG:
@@ -151,17 +163,21 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         if name in KV_USAGE:
             check_plausible(name, value, upper=1.0)
             kv_usage = value if kv_usage is None else max(kv_usage, value)
+            loads.add_kv(labels, value)
             continue
         check_plausible(name, value)
         if name == QUEUE_BUCKET:
             add_queue_bucket(buckets, labels, value)
             continue
+        if name == WAITING:
+            loads.add_waiting(labels, value)
         summed = bare if raw_name in RAY_BARE_COUNTERS else totals
         waiting_capacity = accumulate(summed, name, labels, value, waiting_capacity)
     if RUNNING not in totals:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
     prefer_total_counters(totals, bare)
-    return snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens, buckets)
+    snapshot = snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens, buckets)
+    return replace(snapshot, gateway_saturation=loads.score())
 
 
 def add_queue_bucket(buckets: dict[float, float], labels: dict[str, str], value: float) -> None:
@@ -202,14 +218,25 @@ def accumulate(
 ) -> float | None:
     """Add one summed series to ``totals``, or to the capacity-waiting count; returns that count.
 
-    One vLLM release spelt the by-reason label out in prose, so any reason mentioning capacity counts.
+    Any by-reason series makes the count known (0 when every waiting request is deferred): a page that shows only
+    ``reason="deferred"`` has nobody waiting for capacity, and must not fall back to ``num_requests_waiting``,
+    which counts the deferred ones too (:func:`is_capacity_reason`).
     """
     if name == WAITING_BY_REASON:
-        if "capacity" in labels.get("reason", "").lower():
-            return (waiting_capacity or 0.0) + value
-        return waiting_capacity
+        return (waiting_capacity or 0.0) + (value if is_capacity_reason(labels.get("reason", "")) else 0.0)
     totals[name] = totals.get(name, 0.0) + value
     return waiting_capacity
+
+
+def is_capacity_reason(reason: str) -> bool:
+    """Whether a ``num_requests_waiting_by_reason`` label value means "waiting for scheduling capacity".
+
+    vLLM's latest design has two values: ``capacity`` (queued, not yet attempted: the engine is full) and
+    ``deferred`` (skipped for a LoRA budget, an async KV transfer or a block: a request the engine cannot take
+    whatever its load, so no capacity signal). One release spelt the values out in prose; a prose value that
+    mentions deferral is a deferral even when it also mentions capacity ("deferred, not a capacity wait")."""
+    text = reason.lower()
+    return "capacity" in text and "defer" not in text
 
 
 def snapshot_from_totals(
