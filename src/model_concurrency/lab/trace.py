@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +46,8 @@ class Trace:
     duration_s: float
     capacity_changes: list[float] = field(default_factory=list)
     limit_rps: float | None = None  # the scenario's rate limit in items per second (None: no limit)
+    # The interactive tenant's latencies (lab/neighbour.py NeighbourLatency), for scenarios with one; not stored.
+    neighbour: Any = None
 
     @property
     def total_completions(self) -> float:
