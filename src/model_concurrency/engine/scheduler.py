@@ -160,6 +160,7 @@ class Scheduler(Bookkeeping):
         # FCFS evicts the tail, so a request found preempted means everything after it is too; priority evicts
         # the largest (priority, arrival) wherever it sits, so the walk goes on past a victim.
         by_priority = self.by_priority
+        took: set[Request] = set()  # decodes that took their block in this walk (a priority victim may be one)
         for r in candidates:
             state = r.state
             if state == _DECODE:
@@ -174,6 +175,8 @@ class Scheduler(Bookkeeping):
                 if by_priority:
                     victim = max(running, key=priority_key)
                     del running[victim]
+                    # A victim earlier in the walk already took this step's block: it comes back too.
+                    free += victim in took
                 else:
                     victim, _ = running.popitem()
                 free += self._preempt(victim)
@@ -187,6 +190,8 @@ class Scheduler(Bookkeeping):
             free -= need
             if state == _PREFILL:
                 r.blocks += need
+            elif by_priority:
+                took.add(r)
         self.free_blocks = free
         return preempted
 
