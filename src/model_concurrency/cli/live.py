@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
     )
     e.add_argument("--max-model-len", type=int, default=8192, help="context length: prompt + output tokens")
     e.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="as vllm serve: priority serves requests by their 'priority' field (lower first), then arrival",
+    )
+    e.add_argument(
         "--log-level",
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
@@ -102,6 +108,7 @@ def emulate(args: argparse.Namespace) -> int:
         tokens_per_minute=args.tpm,
         tokenizer=args.tokenizer,
         max_model_len=args.max_model_len,
+        scheduling_policy=args.scheduling_policy,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)

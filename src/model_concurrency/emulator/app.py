@@ -141,7 +141,9 @@ class Emulator:
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-        spec = JobSpec(answer.prompt_tokens, answer.output_tokens, finish_reason=answer.finish_reason)
+        spec = JobSpec(
+            answer.prompt_tokens, answer.output_tokens, finish_reason=answer.finish_reason, priority=_priority(body)
+        )
         job = await self.link.submit([spec], stream=stream, budget_tokens=answer.budget_tokens)
         if stream:
             chunks = _sse_chunks(job, answer, self.model_name, chat=chat, usage=bool(options.get("include_usage")))
@@ -263,6 +265,15 @@ async def _json(http: HttpRequest) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """vLLM's ``priority`` request field: an integer, lower runs first on a ``--scheduling-policy priority``
+    engine (vLLM refuses a non-default priority on an FCFS engine; the emulator's FCFS engine ignores it)."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "'priority' must be an integer", param="priority")
+    return value
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

@@ -22,7 +22,7 @@ from model_concurrency.gate.hold import retry_after_from_headers
 from model_concurrency.gate.slot import slot
 from model_concurrency.gate.target import THROTTLED
 
-__all__ = ["AsyncSlotTransport", "SlotTransport", "model_of_request", "registry_key"]
+__all__ = ["AsyncSlotTransport", "SlotTransport", "model_of_request", "registry_key", "with_priority"]
 
 
 def registry_key(served_name: str) -> str:
@@ -53,6 +53,30 @@ def _key_for(model: str | None, request: httpx.Request) -> str | None:
         return model
     served = model_of_request(request)
     return registry_key(served) if served is not None else None
+
+
+_PRIORITY_PATHS = ("/completions", "/chat/completions")
+
+
+def with_priority(key: str, request: httpx.Request) -> httpx.Request:
+    """``request`` with vLLM's ``priority`` field set to the model's configured one (ModelSpec.priority), for a
+    JSON completion or chat call that does not carry one already; otherwise ``request`` unchanged."""
+    spec = registered_models().get(key)
+    if spec is None or spec.priority is None or not request.url.path.endswith(_PRIORITY_PATHS):
+        return request
+    if "json" not in request.headers.get("content-type", ""):
+        return request
+    try:
+        body = json.loads(request.content or b"null")
+    except (httpx.RequestNotRead, ValueError):
+        return request
+    if not isinstance(body, dict) or "priority" in body:
+        return request
+    body["priority"] = spec.priority
+    headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+    return httpx.Request(
+        request.method, request.url, headers=headers, content=json.dumps(body).encode(), extensions=request.extensions
+    )
 
 
 def _report(gate: slot, response: httpx.Response) -> None:
@@ -123,6 +147,7 @@ class SlotTransport(httpx.BaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return self.inner.handle_request(request)
+        request = with_priority(key, request)
         gate = slot(key)
         gate.__enter__()
         try:
@@ -154,6 +179,7 @@ class AsyncSlotTransport(httpx.AsyncBaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return await self.inner.handle_async_request(request)
+        request = with_priority(key, request)
         gate = slot(key)
         await gate.__aenter__()
         try:
