@@ -226,10 +226,9 @@ async def _sse_chunks(job: FrontJob, answer: Completion, model: str, *, chat: bo
             return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
-    if chat:
-        yield event(
-            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-        )
+    # vLLM sends the chat role chunk with the first output of the engine, not on arrival: a client timing the
+    # first chunk then measures the time to first token, never the HTTP round trip alone.
+    role = chat
     sent = 0
     while True:
         what, value = await job.events.get()
@@ -237,6 +236,10 @@ async def _sse_chunks(job: FrontJob, answer: Completion, model: str, *, chat: bo
             out = [event([token_choice(i)]) for i in range(sent, min(value, last))]
             sent = max(sent, min(value, last))
             if out:
+                if role:
+                    role = False
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                    out.insert(0, event([{**first, "logprobs": None, "finish_reason": None}]))
                 yield "".join(out)
         elif what == "done":
             if value is not None:  # aborted mid-stream: vLLM sends an error event, then closes
