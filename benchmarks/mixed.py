@@ -297,7 +297,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cycle", type=float, default=10.0, help="simulated seconds of each burst and each idle spell")
     p.add_argument("--burst-rps", type=float, default=15.0)
     p.add_argument("--idle-rps", type=float, default=1.0)
-    p.add_argument("--jobs", type=lambda s: [int(x) for x in s.split(",")], default=[150, 300, 300])
+    p.add_argument("--jobs", type=lambda s: [int(x) for x in s.split(",")], default=[120, 240, 240])
     p.add_argument("--deadlines", type=lambda s: [float(x) for x in s.split(",")], default=[30.0, 55.0, 60.0])
     p.add_argument("--statics", type=lambda s: [int(x) for x in s.split(",")], default=[16, 48])
     p.add_argument("--high", type=int, default=256, help="static ungated: every call at once up to this")
