@@ -99,6 +99,11 @@ class ModelSpec:
     roles: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
     policy: str | Policy | None = None
+    # vLLM's per-request ``priority`` our calls carry (``priority = 10`` in the TOML); None: the field is not sent.
+    # Lower runs first on an engine served with ``--scheduling-policy priority``: a batch job gives itself a larger
+    # value than the interactive traffic it shares the engine with. (vLLM rejects a non-zero priority on an FCFS
+    # engine, so set it only where the engine runs the priority policy.)
+    priority: int | None = None
 
     @property
     def static_capacity(self) -> int:
@@ -153,6 +158,9 @@ def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
         value = kwargs.get(knob, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"model {name!r}: {knob} must be an int >= {least}, got {value!r}")
+    priority = kwargs.get("priority")
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise ValueError(f"model {name!r}: priority must be an int, got {priority!r}")
     kwargs["roles"] = tuple(kwargs.get("roles") or ())
     return ModelSpec(name=name, **kwargs)
 
@@ -169,6 +177,7 @@ def register_model(
     roles: Iterable[str] = (),
     api_key: str | None = None,
     policy: str | Policy | None = None,
+    priority: int | None = None,
 ) -> ModelSpec:
     """Register (or replace) a model. Its runtime, if any, is rebuilt on next use (:func:`registration`)."""
     spec = _make_spec(
@@ -182,6 +191,7 @@ def register_model(
         roles=tuple(roles),
         api_key=api_key,
         policy=policy,
+        priority=priority,
     )
     with _lock:
         _explicit[name] = spec

@@ -65,6 +65,12 @@ def register(subparsers: Any) -> None:
         "num_requests_waiting_by_reason) or sglang (SGLang's sglang:* page)",
     )
     e.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="as vllm serve: priority serves requests by their 'priority' field (lower first), then arrival",
+    )
+    e.add_argument(
         "--log-level",
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
@@ -135,6 +141,7 @@ def emulate(args: argparse.Namespace) -> int:
         max_num_queued_reqs=args.max_num_queued_reqs,
         reject_style=args.reject_style,
         metrics_flavor=args.metrics_flavor,
+        scheduling_policy=args.scheduling_policy,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)

@@ -141,7 +141,9 @@ class Emulator:
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-        spec = JobSpec(answer.prompt_tokens, answer.output_tokens, finish_reason=answer.finish_reason)
+        spec = JobSpec(
+            answer.prompt_tokens, answer.output_tokens, finish_reason=answer.finish_reason, priority=_priority(body)
+        )
         job = await self.link.submit([spec], stream=stream, budget_tokens=answer.budget_tokens)
         if stream:
             chunks = _sse_chunks(job, answer, self.model_name, chat=chat, usage=bool(options.get("include_usage")))
@@ -224,10 +226,9 @@ async def _sse_chunks(job: FrontJob, answer: Completion, model: str, *, chat: bo
             return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
-    if chat:
-        yield event(
-            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-        )
+    # vLLM sends the chat role chunk with the first output of the engine, not on arrival: a client timing the
+    # first chunk then measures the time to first token, never the HTTP round trip alone.
+    role = chat
     sent = 0
     while True:
         what, value = await job.events.get()
@@ -235,6 +236,10 @@ async def _sse_chunks(job: FrontJob, answer: Completion, model: str, *, chat: bo
             out = [event([token_choice(i)]) for i in range(sent, min(value, last))]
             sent = max(sent, min(value, last))
             if out:
+                if role:
+                    role = False
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                    out.insert(0, event([{**first, "logprobs": None, "finish_reason": None}]))
                 yield "".join(out)
         elif what == "done":
             if value is not None:  # aborted mid-stream: vLLM sends an error event, then closes
@@ -263,6 +268,15 @@ async def _json(http: HttpRequest) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """vLLM's ``priority`` request field: an integer, lower runs first on a ``--scheduling-policy priority``
+    engine (vLLM refuses a non-default priority on an FCFS engine; the emulator's FCFS engine ignores it)."""
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "'priority' must be an integer", param="priority")
+    return value
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

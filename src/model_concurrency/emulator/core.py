@@ -69,6 +69,8 @@ class EmulatorConfig:
     # Which engine's /metrics page to serve (engine/metrics.py): vllm-new (vLLM's latest design), vllm (a release
     # without the by-reason gauge) or sglang (SGLang's --enable-metrics page).
     metrics_flavor: str = DEFAULT_FLAVOR
+    # vLLM's --scheduling-policy: "fcfs" or "priority" (a request's ``priority`` field, lower first).
+    scheduling_policy: str = "fcfs"
 
     def engine_preset(self) -> EnginePreset:
         preset = get_preset(self.preset) if isinstance(self.preset, str) else self.preset
@@ -79,6 +81,8 @@ class EmulatorConfig:
                 changes["max_num_batched_tokens"] = self.max_num_seqs
         if not self.simulate_frontend:
             changes["frontend"] = FrontEndCost()
+        if self.scheduling_policy != preset.scheduling_policy:
+            changes["scheduling_policy"] = self.scheduling_policy
         return preset.replace(**changes) if changes else preset
 
     def validate(self) -> None:
@@ -111,6 +115,7 @@ class JobSpec:
     output_tokens: int = 1
     embedding: bool = False
     finish_reason: str = STOP  # "stop" or "length": which success counter the engine bumps
+    priority: int = 0  # the request's ``priority`` (read by a "priority" engine only)
 
 
 class _Job:
@@ -168,6 +173,7 @@ class EngineCore:
                 s.output_tokens,
                 embedding=s.embedding,
                 stop_reason=LENGTH if s.finish_reason == LENGTH else STOP,
+                priority=s.priority,
             )
             for s in specs
         ]

@@ -52,7 +52,7 @@ from model_concurrency.engine.presets import (
     get_preset,
 )
 from model_concurrency.engine.request import ABORT, LENGTH, STOP, Request, RequestState
-from model_concurrency.engine.stats import EngineStats, Histogram
+from model_concurrency.engine.stats import ClassLatency, EngineStats, Histogram
 from model_concurrency.engine.steptime import FrontEndCost, StepTimeModel
 from model_concurrency.engine.topology import Fleet, Server, combine_snapshots
 
@@ -68,6 +68,7 @@ __all__ = [
     "PRESETS",
     "PRESET_ALIASES",
     "STOP",
+    "ClassLatency",
     "Engine",
     "EngineDownError",
     "EnginePreset",

@@ -15,7 +15,7 @@ aggregates, finishing); :class:`~model_concurrency.engine.scheduler.Scheduler` b
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -54,6 +54,11 @@ _DECODE = RequestState.DECODE
 _FINISHED = RequestState.FINISHED
 
 
+def priority_key(r: Request) -> tuple[int, float]:
+    """vLLM's order under ``--scheduling-policy priority``: lower priority value first, then earlier arrival."""
+    return (r.priority, r.arrival_time or 0.0)
+
+
 class Bookkeeping:
     """Queues, running set, KV blocks and decode aggregates of one engine core, and their per-request updates."""
 
@@ -64,6 +69,7 @@ class Bookkeeping:
     max_num_seqs: int
     max_num_batched_tokens: int
     num_gpu_blocks: int
+    by_priority: bool  # scheduling_policy "priority": waiting in (priority, arrival) order, victims by the same key
     # The Server this engine core belongs to: the engine settles its in-flight / completed / aborted counts and
     # calls its ``on_request_finished`` directly at each finish (one hook call per request was measurable).
     server: OwningServer | None
@@ -109,6 +115,12 @@ class Bookkeeping:
         self.gauge_running = 0
         self.gauge_waiting = 0
         self.gauge_kv_usage = 0.0
+
+    def _insert_waiting(self, r: Request) -> None:
+        """Queue ``r`` behind every waiting request of a smaller or equal (priority, arrival), as vLLM's priority
+        queue orders them (a preempted request goes back to its place by the same key, not to the head)."""
+        waiting = self.waiting
+        waiting.insert(bisect_right(waiting, priority_key(r), key=priority_key), r)
 
     def _leave_decode(self, r: Request, tick: int, *, in_step: bool) -> int:
         """Take a decoding request out of the aggregates, materialise its progress; returns the blocks it held."""

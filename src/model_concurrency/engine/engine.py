@@ -123,6 +123,8 @@ class Engine(Scheduler):
         self.max_num_batched_tokens = preset.max_num_batched_tokens
         self.num_gpu_blocks = preset.num_gpu_blocks
         self.speed = 1.0
+        # vLLM's --scheduling-policy priority: the waiting queue is kept in (priority, arrival) order.
+        self.by_priority = preset.scheduling_policy == "priority"
         self._set_coefficients()
         self.up = True
         self.server = None
@@ -169,7 +171,10 @@ class Engine(Scheduler):
             self._finish(request, ABORT)
             return
         request.state = _WAITING
-        self.waiting.append(request)
+        if self.by_priority:
+            self._insert_waiting(request)
+        else:
+            self.waiting.append(request)
         wake = self._wake
         if wake is not None and not wake.triggered:
             wake.succeed()
@@ -194,7 +199,10 @@ class Engine(Scheduler):
             self._finish(request, ABORT)
             return
         request.state = _WAITING
-        self.waiting.append(request)
+        if self.by_priority:
+            self._insert_waiting(request)
+        else:
+            self.waiting.append(request)
         wake = self._wake
         if wake is not None and not wake.triggered:
             wake.succeed()

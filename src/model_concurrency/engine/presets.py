@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 BLOCK_SIZE = 16
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,8 +68,13 @@ class EnginePreset:
     embedding: bool = False  # the model serves embeddings: requests are prefill-only
     frontend: FrontEndCost = field(default_factory=FrontEndCost)
     gpu_memory_utilization: float = 0.9
+    # vLLM's --scheduling-policy: "fcfs" (default) or "priority" (waiting requests by (priority, arrival), lower
+    # first; a preemption evicts the running request with the largest (priority, arrival)).
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         # vLLM refuses this too: every running sequence must be able to decode in every step.

@@ -42,6 +42,10 @@ _NEW = RequestState.NEW
 class Request:
     """A chat completion (``output_tokens`` ≥ 1) or an embedding (``embedding=True``, prefill only).
 
+    ``priority`` is vLLM's request field (an engine run with ``scheduling_policy="priority"`` serves lower values
+    first); ``request_class`` names a class whose TTFT and inter-token latency the engine keeps apart
+    (:attr:`EngineStats.classes`), e.g. an interactive tenant beside a batch job.
+
     Timestamps are simulated seconds, ``None`` until reached:
 
     * ``arrival_time``: submitted to the server (vLLM's TTFT and e2e latency start here);
@@ -70,8 +74,10 @@ class Request:
         "on_finish",
         "output_tokens",
         "prefill_target",
+        "priority",
         "prompt_tokens",
         "queued_time",
+        "request_class",
         "seq",
         "state",
         "stop_reason",
@@ -87,6 +93,8 @@ class Request:
         embedding: bool = False,
         stop_reason: str = STOP,
         tag: Any = None,
+        priority: int = 0,
+        request_class: str | None = None,
     ) -> None:
         if prompt_tokens < 1:
             raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
@@ -101,6 +109,10 @@ class Request:
         # "stop" (the model ended the answer) or "length" (hit max_tokens): what request_success_total records.
         self.stop_reason = stop_reason
         self.tag = tag  # free for the caller (client id, item index...)
+        # vLLM's per-request ``priority`` (lower runs first); only a "priority" engine reads it.
+        self.priority = priority
+        # A class the engine keeps TTFT and inter-token latency for (EngineStats.classes); None: not tracked.
+        self.request_class = request_class
         self.state = _NEW
         self.computed = 0  # tokens whose KV is in the cache
         self.generated = 0  # output tokens sampled so far (kept across preemptions)

@@ -8,7 +8,9 @@ Each step, as ``vllm/v1/core/sched/scheduler.py`` does it (docs/reference vllm.m
    that cannot get its block preempts the *last* running request (recompute: it loses its blocks and computed
    tokens, returns to the *head* of the waiting queue, ``num_preemptions`` += 1) until it fits or is itself the
    victim;
-3. if nothing was preempted, waiting requests are admitted FCFS while ``len(running) < max_num_seqs``, budget
+3. if nothing was preempted, waiting requests are admitted in queue order (FCFS; with
+   ``scheduling_policy="priority"`` by (priority, arrival), and a preemption evicts the running request with the
+   largest (priority, arrival) instead of the last) while ``len(running) < max_num_seqs``, budget
    remains and the head's first chunk gets its blocks; the first head that cannot is head-of-line blocking;
 4. the step lasts what the preset's step-time model says for the batch (:mod:`.steptime`).
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from model_concurrency.engine.bookkeeping import Bookkeeping
+from model_concurrency.engine.bookkeeping import Bookkeeping, priority_key
 from model_concurrency.engine.request import ABORT, Request, RequestState
 
 __all__ = ["Scheduler"]
@@ -155,25 +157,41 @@ class Scheduler(Bookkeeping):
         preempted = False
         candidates = [*self._phases[-self.tick % bs], *(r for r in self._sched_prefills if r.chunk)]
         candidates.sort(key=_admission_order)
+        # FCFS evicts the tail, so a request found preempted means everything after it is too; priority evicts
+        # the largest (priority, arrival) wherever it sits, so the walk goes on past a victim.
+        by_priority = self.by_priority
+        took: set[Request] = set()  # decodes that took their block in this walk (a priority victim may be one)
         for r in candidates:
             state = r.state
             if state == _DECODE:
                 need = 1
             elif state == _PREFILL:
                 need = (r.computed + r.chunk + bs - 1) // bs - r.blocks
+            elif by_priority:
+                continue
             else:
                 break  # preempted already: so is everything after it
             while need > free:
-                victim, _ = running.popitem()
+                if by_priority:
+                    victim = max(running, key=priority_key)
+                    del running[victim]
+                    # A victim earlier in the walk already took this step's block: it comes back too.
+                    free += victim in took
+                else:
+                    victim, _ = running.popitem()
                 free += self._preempt(victim)
                 preempted = True
                 if victim is r:
                     break
             if r.state != state:
+                if by_priority:
+                    continue
                 break
             free -= need
             if state == _PREFILL:
                 r.blocks += need
+            elif by_priority:
+                took.add(r)
         self.free_blocks = free
         return preempted
 
@@ -191,5 +209,8 @@ class Scheduler(Bookkeeping):
         r.state = _WAITING
         r.num_preemptions += 1
         self._stats.num_preemptions += 1
-        self.waiting.appendleft(r)
+        if self.by_priority:
+            self._insert_waiting(r)
+        else:
+            self.waiting.appendleft(r)
         return freed

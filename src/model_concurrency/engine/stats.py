@@ -22,6 +22,7 @@ __all__ = [
     "NUMPY_FROM",
     "REQUEST_LATENCY_BUCKETS",
     "TTFT_BUCKETS",
+    "ClassLatency",
     "EngineStats",
     "Histogram",
 ]
@@ -99,6 +100,29 @@ class Histogram:
         return out
 
 
+class ClassLatency:
+    """Per-request latencies of one request class (``Request.request_class``), in finishing order.
+
+    ``arrival``: when the request reached the server; ``ttft``: its time to first token; ``itl``: its mean
+    inter-token latency (decode time over tokens after the first; NaN for a one-token answer). Aborted requests
+    are left out. The lab reads these to judge a neighbour's latency apart from the batch beside it."""
+
+    __slots__ = ("arrival", "itl", "ttft")
+
+    def __init__(self) -> None:
+        self.arrival: list[float] = []
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+
+    def add(self, r: Request) -> None:
+        first, arrival, finish = r.first_token_time, r.arrival_time, r.finish_time
+        if first is None or arrival is None or finish is None or r.finished_reason == ABORT:
+            return
+        self.arrival.append(arrival)
+        self.ttft.append(first - arrival)
+        self.itl.append((finish - first) / (r.generated - 1) if r.generated > 1 else float("nan"))
+
+
 class EngineStats:
     """Cumulative counters of one engine since it (re)started.
 
@@ -114,6 +138,7 @@ class EngineStats:
     __slots__ = (
         "_finished",
         "_prompt_tokens",
+        "classes",
         "decode_time",
         "e2e",
         "generation_tokens",
@@ -139,6 +164,8 @@ class EngineStats:
         self.decode_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self.pending_finished: list[Request] = []
         self.pending_first: list[Request] = []
+        # TTFT and inter-token latency per request class, for requests that carry one (Request.request_class).
+        self.classes: dict[str, ClassLatency] = {}
 
     @property
     def finished(self) -> dict[str, int]:
@@ -183,6 +210,9 @@ class EngineStats:
         if not done:
             return
         self.pending_finished = []
+        for r in done:
+            if r.request_class is not None:
+                self._classed(r)
         if len(done) < NUMPY_FROM:
             self._fold_few(done)
             return
@@ -197,6 +227,12 @@ class EngineStats:
         served = [r for r in done if r.first_token_time is not None and r.finished_reason != ABORT]
         self.prefill_time.observe_many([r.first_token_time - r.first_scheduled_time for r in served])  # type: ignore[operator]
         self.decode_time.observe_many([r.finish_time - r.first_token_time for r in served])  # type: ignore[operator]
+
+    def _classed(self, r: Request) -> None:
+        latency = self.classes.get(r.request_class)  # type: ignore[arg-type]
+        if latency is None:
+            latency = self.classes[r.request_class] = ClassLatency()  # type: ignore[index]
+        latency.add(r)
 
     def _fold_few(self, done: list[Request]) -> None:
         """:meth:`fold` of fewer than :data:`NUMPY_FROM` finished requests in one pass, without lists or Counter.

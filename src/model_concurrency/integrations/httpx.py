@@ -32,6 +32,7 @@ __all__ = [
     "SlotTransport",
     "model_of_request",
     "registry_key",
+    "with_priority",
 ]
 
 
@@ -63,6 +64,30 @@ def _key_for(model: str | None, request: httpx.Request) -> str | None:
         return model
     served = model_of_request(request)
     return registry_key(served) if served is not None else None
+
+
+_PRIORITY_PATHS = ("/completions", "/chat/completions")
+
+
+def with_priority(key: str, request: httpx.Request) -> httpx.Request:
+    """``request`` with vLLM's ``priority`` field set to the model's configured one (ModelSpec.priority), for a
+    JSON completion or chat call that does not carry one already; otherwise ``request`` unchanged."""
+    spec = registered_models().get(key)
+    if spec is None or spec.priority is None or not request.url.path.endswith(_PRIORITY_PATHS):
+        return request
+    if "json" not in request.headers.get("content-type", ""):
+        return request
+    try:
+        body = json.loads(request.content or b"null")
+    except (httpx.RequestNotRead, ValueError):
+        return request
+    if not isinstance(body, dict) or "priority" in body:
+        return request
+    body["priority"] = spec.priority
+    headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+    return httpx.Request(
+        request.method, request.url, headers=headers, content=json.dumps(body).encode(), extensions=request.extensions
+    )
 
 
 def _report(gate: slot, response: httpx.Response) -> None:
@@ -132,6 +157,7 @@ class SlotTransport(httpx.BaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return self.inner.handle_request(request)
+        request = with_priority(key, request)
         gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         gate.__enter__()
         try:
@@ -163,6 +189,7 @@ class AsyncSlotTransport(httpx.AsyncBaseTransport):
         key = _key_for(self.model, request)
         if key is None:
             return await self.inner.handle_async_request(request)
+        request = with_priority(key, request)
         gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         await gate.__aenter__()
         try:

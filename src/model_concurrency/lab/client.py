@@ -75,6 +75,7 @@ def request_stream(
     long_prompt_tokens: int = 0,
     long_output_tokens: int = 0,
     long_burst: int = 1,
+    priority: int = 0,
 ) -> Iterator[Request]:
     """An endless stream of requests with lognormal sizes around the given means (sigma 0 = fixed sizes).
 
@@ -96,7 +97,7 @@ def request_stream(
         outputs = draw(output_tokens, output_sigma, 1024)
         if long_fraction <= 0:
             for p, o in zip(prompts, outputs, strict=True):
-                yield Request(int(p), int(o), embedding=embedding, tag=tag)
+                yield Request(int(p), int(o), embedding=embedding, tag=tag, priority=priority)
             continue
         starts = rng.random(1024) < long_fraction / long_burst
         longs = np.rint(long_prompt_tokens * (1 - 0.05 * rng.random(1024))).astype(np.int64)
@@ -105,9 +106,9 @@ def request_stream(
                 run = long_burst
             if run > 0:
                 run -= 1
-                yield Request(int(long_p), long_output_tokens, embedding=embedding, tag=tag)
+                yield Request(int(long_p), long_output_tokens, embedding=embedding, tag=tag, priority=priority)
             else:
-                yield Request(int(p), int(o), embedding=embedding, tag=tag)
+                yield Request(int(p), int(o), embedding=embedding, tag=tag, priority=priority)
 
 
 class ScheduledLimit:
@@ -362,7 +363,11 @@ class SimClient:
             self.calls.record(latency, ok=False)
             self.retry.append(
                 Request(
-                    request.prompt_tokens, max(1, request.output_tokens), embedding=request.embedding, tag=request.tag
+                    request.prompt_tokens,
+                    max(1, request.output_tokens),
+                    embedding=request.embedding,
+                    tag=request.tag,
+                    priority=request.priority,
                 )
             )
         limiter = self.limiter

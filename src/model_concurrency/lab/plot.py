@@ -23,7 +23,16 @@ from model_concurrency.lab.trace import Trace
 if TYPE_CHECKING:
     from model_concurrency.lab.scenario import Event, Scenario
 
-__all__ = ["BAND_CLIENTS", "ORACLE_CAPTION", "change_labels", "draw_run", "figure_legend", "legend_entries", "plot_run"]
+__all__ = [
+    "BAND_CLIENTS",
+    "ORACLE_CAPTION",
+    "change_labels",
+    "draw_run",
+    "figure_legend",
+    "legend_entries",
+    "plot_neighbour",
+    "plot_run",
+]
 
 ORACLE_CAPTION = (
     "oracle: a client told the capacity at every moment, holding the knee of each phase "
@@ -246,6 +255,49 @@ def plot_run(
     if oracle is not None:
         fig.text(0.01, 0.01, ORACLE_CAPTION, fontsize=8, color="0.25", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.03 if oracle is not None else 0, 1, 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_neighbour(
+    runs: list[tuple[str, Any]], spec: Any, path: str | Path, *, end_s: float, title: str = "", window_s: float = 5.0
+) -> Path:
+    """The interactive tenant's TTFT over time beside its target, one line per run (lab/neighbour.py).
+
+    ``runs`` are (label, latency) pairs of one scenario with an ``[interactive]`` tenant (``trace.neighbour``, or
+    :func:`~model_concurrency.lab.neighbour.tenant_alone`'s); ``spec`` is that tenant
+    (:class:`~model_concurrency.lab.scenario.Interactive`). Each line is the p99 of the TTFTs of requests that
+    arrived in a trailing ``window_s`` (log scale); bursts are shaded and the target is the dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    end = end_s
+    start = spec.first_burst_s
+    while start < end:
+        ax.axvspan(start, min(start + spec.burst_s, end), color="0.9", zorder=0)
+        start += spec.burst_s + spec.idle_s
+    for label, latency in runs:
+        if latency is None or not len(latency.arrival):
+            continue
+        grid = np.arange(window_s, end + window_s, window_s)
+        idx = np.searchsorted(latency.arrival, grid)
+        lo = np.concatenate([[0], idx[:-1]])
+        p99 = [float(np.percentile(latency.ttft[a:b], 99)) if b > a else np.nan for a, b in zip(lo, idx, strict=True)]
+        ax.plot(grid, p99, label=label, linewidth=1.2, drawstyle="steps-pre")
+    ax.axhline(spec.ttft_target_s, color="black", linestyle="--", linewidth=1, label="TTFT target")
+    ax.set_yscale("log")
+    ax.set_xlabel("simulated time (s); shaded: the tenant bursts")
+    ax.set_ylabel(f"neighbour TTFT p99 per {window_s:g} s (s)")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

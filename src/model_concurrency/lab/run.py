@@ -21,6 +21,7 @@ from model_concurrency import knobs
 from model_concurrency.engine import Engine
 from model_concurrency.knobs import setting
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
+from model_concurrency.lab.neighbour import neighbour_latency, neighbour_summary, ungated
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
 from model_concurrency.lab.trace import Array, ClientTrace, Trace
@@ -28,7 +29,7 @@ from model_concurrency.lab.world import Phase, World
 from model_concurrency.policies.base import Policy
 from model_concurrency.signals.saturation import STALE, engine_saturation, pool_saturation
 
-__all__ = ["RunResult", "poll_jitter_rng", "run_scenario", "simulate"]
+__all__ = ["RunResult", "poll_jitter_rng", "run_scenario", "simulate", "ungated_run"]
 
 Progress = Callable[[float], None]
 
@@ -87,6 +88,7 @@ def simulate(
             long_prompt_tokens=w.long_prompt_tokens,
             long_output_tokens=w.long_output_tokens,
             long_burst=w.long_burst,
+            priority=c.priority,
         )
         clients.append(
             SimClient(
@@ -107,7 +109,7 @@ def simulate(
                 first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
                 poll_jitter=c.poll_jitter,
                 jitter_rng=poll_jitter_rng(scenario, i),
-                items=c.items,
+                items=c.items_of(i),
                 metrics_up=lambda: world.metrics_up,
                 guard=c.guard,
                 outage_handover=c.outage_handover,
@@ -176,6 +178,7 @@ def simulate(
         capacity_changes=scenario.capacity_change_times,
         limit_rps=scenario.rate_limit.items_per_s(w.prompt_tokens + w.output_tokens),
         gateway_saturation=arr["gateway"],
+        neighbour=neighbour_latency(world.fleet) if world.tenant is not None else None,
     )
 
 
@@ -231,7 +234,7 @@ def run_scenario(
 
     if not with_oracle:
         trace = policy_run()
-        return RunResult(scenario, policy_name, trace, None, summarize(trace, None))
+        return RunResult(scenario, policy_name, trace, None, _with_neighbour(scenario, trace, summarize(trace, None)))
     # The sweeps first, here: both runs need them (the knees, a background sized from capacity), and they are
     # then on disk for the worker too.
     if _oracle_in_parallel(scenario, parallel) and not oracle.run_path().exists():
@@ -255,4 +258,22 @@ def run_scenario(
         # the policy's whole trace while it simulates the oracle's clients.
         oracle_trace = oracle.run()
         trace = policy_run()
-    return RunResult(scenario, policy_name, trace, oracle_trace, summarize(trace, oracle_trace))
+    summary = _with_neighbour(scenario, trace, summarize(trace, oracle_trace))
+    return RunResult(scenario, policy_name, trace, oracle_trace, summary)
+
+
+def ungated_run(scenario: Scenario) -> Trace:
+    """The batch ungated: every client static at its ceiling (the reference of ``batch_idle_throughput_ratio``)."""
+    from model_concurrency.policies.static import Static
+
+    return simulate(ungated(scenario), policy_factory=Static)
+
+
+def _with_neighbour(scenario: Scenario, trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
+    """The neighbour's keys (lab/neighbour.py) added to a summary, for scenarios with jobs or a tenant."""
+    if scenario.interactive is None and scenario.clients.deadlines_s is None:
+        return summary
+    return {
+        **summary,
+        **neighbour_summary(scenario, trace, trace.neighbour, ungated_trace=lambda: ungated_run(scenario)),
+    }

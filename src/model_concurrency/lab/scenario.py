@@ -39,6 +39,11 @@ poll_jitter = 0.1       # each wait is poll_s x (1 +- up to this), per poll; abs
 rate_rps = 0.0
 burstiness = 1.0
 
+[interactive]           # an interactive tenant beside the batch (lab/neighbour.py): open-loop, bursty, short prompts
+burst_rps = 15.0        # arrivals while it bursts, for burst_s seconds, then idle_rps for idle_s, from first_burst_s
+idle_rps = 1.0
+ttft_target_s = 0.5     # its own time-to-first-token goal (the plot's line)
+
 [rate_limit]            # a hosted endpoint's limit in front of the fleet (429 + Retry-After); absent = none
 requests_per_minute = 600
 tokens_per_minute = 400000
@@ -67,6 +72,7 @@ __all__ = [
     "Clients",
     "Event",
     "Fleet",
+    "Interactive",
     "RateLimit",
     "Scenario",
     "Workload",
@@ -152,6 +158,12 @@ class Clients:
     items: int | None = None  # per client; None = as many as the run has time for
     guard: bool = True  # the client-side growth guard (MODEL_CONCURRENCY_GROWTH_GUARD)
     outage_handover: bool = True  # after the grace, hand over to the guard (MODEL_CONCURRENCY_OUTAGE_HANDOVER)
+    # Batch jobs: one entry per client, its item count and its deadline (simulated seconds from the start); they
+    # override ``items`` and make ``deadlines_met`` a summary key.
+    job_items: tuple[int, ...] | None = None
+    deadlines_s: tuple[float, ...] | None = None
+    # vLLM's per-request ``priority`` carried by the batch's calls (read only by a "priority" engine).
+    priority: int = 0
     # Each wait between two polls is poll_s × (1 ± up to this), drawn per poll by the controller (the live rule):
     # separate processes drift apart instead of polling in lock-step. None: the production knob,
     # MODEL_CONCURRENCY_POLL_JITTER (0.1 unless set), read when the run starts.
@@ -168,6 +180,21 @@ class Clients:
         _at_least("clients.", "poll_s", self.poll_s, 0, strict=True)
         _at_least("clients.", "grace_polls", self.grace_polls, 0)
         _at_least("clients.", "items", self.items, 1)
+        for key, kind in (("job_items", int), ("deadlines_s", float)):
+            values = getattr(self, key)
+            if values is None:
+                continue
+            if not isinstance(values, list | tuple) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values
+            ):
+                raise ValueError(f"clients.{key} = {_toml(values)}: must be an array of positive numbers")
+            if len(values) != self.count:
+                raise ValueError(f"clients.{key} has {len(values)} entries: one per client (count = {self.count})")
+            object.__setattr__(self, key, tuple(kind(v) for v in values))
+
+    def items_of(self, client: int) -> int | None:
+        """Client ``client``'s item count: its job's, else ``items`` (None: as many as the run has time for)."""
+        return self.job_items[client] if self.job_items is not None else self.items
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +211,53 @@ class Background:
         _at_least("background.", "burstiness", self.burstiness, 0, strict=True)
         _at_least("background.", "prompt_tokens", self.prompt_tokens, 1)
         _at_least("background.", "output_tokens", self.output_tokens, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interactive:
+    """An interactive tenant (lab/neighbour.py): open-loop gamma arrivals at ``burst_rps`` for ``burst_s``, then
+    ``idle_rps`` for ``idle_s``, repeating from ``first_burst_s`` (``idle_rps`` before it); short prompts; its own
+    TTFT target. Modelled on llm-d-batch-gateway's benchmark (15 req/s for 90 s, then 1 req/s)."""
+
+    burst_rps: float = 15.0
+    idle_rps: float = 1.0
+    burst_s: float = 90.0
+    idle_s: float = 90.0
+    first_burst_s: float = 60.0
+    burstiness: float = 1.0
+    prompt_tokens: int = 256
+    output_tokens: int = 128
+    prompt_sigma: float = 0.0
+    output_sigma: float = 0.0
+    ttft_target_s: float = 0.5
+    priority: int = 0  # vLLM's request priority for its calls (lower first on a "priority" engine)
+
+    def __post_init__(self) -> None:
+        for key in ("burst_rps", "idle_rps", "first_burst_s", "prompt_sigma", "output_sigma"):
+            _at_least("interactive.", key, getattr(self, key), 0)
+        for key in ("burst_s", "idle_s", "burstiness", "ttft_target_s"):
+            _at_least("interactive.", key, getattr(self, key), 0, strict=True)
+        _at_least("interactive.", "prompt_tokens", self.prompt_tokens, 1)
+        _at_least("interactive.", "output_tokens", self.output_tokens, 1)
+
+    def in_burst(self, t: float) -> bool:
+        """Whether the tenant bursts at simulated time ``t``."""
+        if t < self.first_burst_s:
+            return False
+        return (t - self.first_burst_s) % (self.burst_s + self.idle_s) < self.burst_s
+
+    def next_change(self, t: float) -> float:
+        """The next time after ``t`` at which the tenant starts or stops a burst."""
+        if t < self.first_burst_s:
+            return self.first_burst_s
+        period = self.burst_s + self.idle_s
+        start = self.first_burst_s + (t - self.first_burst_s) // period * period
+        return start + self.burst_s if t < start + self.burst_s else start + period
+
+    def scaled(self, scale: float) -> Interactive:
+        return dataclasses.replace(
+            self, burst_s=self.burst_s * scale, idle_s=self.idle_s * scale, first_burst_s=self.first_burst_s * scale
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +325,7 @@ class Scenario:
     clients: Clients = field(default_factory=Clients)
     background: Background = field(default_factory=Background)
     rate_limit: RateLimit = field(default_factory=RateLimit)
+    interactive: Interactive | None = None
     events: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
@@ -273,7 +348,16 @@ class Scenario:
         if scale == 1:
             return self
         events = tuple(dataclasses.replace(e, at_s=e.at_s * scale) for e in self.events)
-        return dataclasses.replace(self, duration_s=self.duration_s * scale, events=events)
+        clients = self.clients
+        if clients.deadlines_s is not None:
+            deadlines = tuple(d * scale for d in clients.deadlines_s)
+            clients = dataclasses.replace(clients, deadlines_s=deadlines)
+        if clients.job_items is not None:
+            clients = dataclasses.replace(clients, job_items=tuple(max(1, round(n * scale)) for n in clients.job_items))
+        interactive = self.interactive.scaled(scale) if self.interactive is not None else None
+        return dataclasses.replace(
+            self, duration_s=self.duration_s * scale, events=events, clients=clients, interactive=interactive
+        )
 
     @property
     def capacity_change_times(self) -> list[float]:
@@ -338,6 +422,7 @@ def scenario_from_dict(data: dict[str, Any], default_name: str = "scenario") -> 
         "clients": _build(Clients, data.pop("clients", None), "clients"),
         "background": _build(Background, data.pop("background", None), "background"),
         "rate_limit": _build(RateLimit, data.pop("rate_limit", None), "rate_limit"),
+        "interactive": _build(Interactive, data.pop("interactive"), "interactive") if "interactive" in data else None,
     }
     data.setdefault("name", default_name)
     top = {f.name for f in dataclasses.fields(Scenario)} - set(parts) - {"events"}

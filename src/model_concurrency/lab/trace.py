@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +48,8 @@ class Trace:
     limit_rps: float | None = None  # the scenario's rate limit in items per second (None: no limit)
     # The Gateway API Inference Extension's pool score per sample (signals/saturation.py); empty when not sampled.
     gateway_saturation: Array = field(default_factory=lambda: np.zeros(0))
+    # The interactive tenant's latencies (lab/neighbour.py NeighbourLatency), for scenarios with one; not stored.
+    neighbour: Any = None
 
     @property
     def total_completions(self) -> float:

@@ -15,6 +15,7 @@ import simpy
 
 from model_concurrency.engine import Fleet, Request, Server, get_preset
 from model_concurrency.engine.presets import EnginePreset
+from model_concurrency.lab.neighbour import InteractiveTenant
 from model_concurrency.lab.ratelimit import RateLimitedFront
 from model_concurrency.lab.scenario import Event, Scenario
 
@@ -159,6 +160,12 @@ class World:
             )
         self._bg_rps = bg.rate_rps
         self._bg_fraction = bg.fraction_of_capacity
+        # The interactive tenant (lab/neighbour.py), on a stream of its own so its arrivals are the same with or
+        # without the batch beside it.
+        self.tenant: InteractiveTenant | None = None
+        if live and scenario.interactive is not None:
+            tenant_rng = np.random.default_rng([scenario.seed, 23])
+            self.tenant = InteractiveTenant(env, self.fleet, scenario.interactive, tenant_rng)
         if live:
             self._apply_background()
             env.process(self._timeline())
