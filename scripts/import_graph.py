@@ -23,10 +23,11 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first: a module may import modules of its own layer or below. Each entry is a module or a package prefix;
 # the longest matching prefix places a module. Everything not listed sits on top (the public surface, cli).
 LAYERS: list[tuple[str, ...]] = [
-    ("bundled", "observation", "signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
-    ("config", "policies", "signals", "engine"),
-    ("controller", "guard", "gate.limiter", "gate.stats", "gate.outcome"),
-    ("gate.model_limiter", "gate.hold", "telemetry"),
+    ("bundled", "knobs", "extras", "state", "decision", "health", "observation", "signals.saturation"),
+    ("signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
+    ("config", "policies", "page_hold", "signals", "engine"),
+    ("controller", "guard", "gate.limiter", "gate.stats", "gate.outage", "gate.hold", "gate.outcome"),
+    ("gate.model_limiter", "telemetry", "export"),
     ("runtime",),
     ("gate", "hooks", "integrations", "ray"),
     ("lab", "emulator"),
