@@ -31,8 +31,9 @@ import time
 
 import numpy as np
 
+from model_concurrency.lab.experiment import run_scenario
 from model_concurrency.lab.oracle import Oracle
-from model_concurrency.lab.run import run_scenario, simulate
+from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import load_scenario
 from model_concurrency.lab.summary import jain_index, summarize, time_to_fraction
 from model_concurrency.lab.world import phases

@@ -16,9 +16,9 @@ import math
 import sys
 from pathlib import Path
 
-from model_concurrency.lab.neighbour import tenant_alone
+from model_concurrency.lab.experiment import RunResult, run_scenario
 from model_concurrency.lab.plot import plot_neighbour
-from model_concurrency.lab.run import RunResult, run_scenario
+from model_concurrency.lab.run import tenant_alone
 from model_concurrency.lab.scenario import Scenario, load_scenario
 from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.static import Static

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from model_concurrency.lab.run import run_scenario
+from model_concurrency.lab.experiment import run_scenario
 from model_concurrency.lab.scenario import load_scenario
 from model_concurrency.lab.trace import Trace
 from model_concurrency.policies.registry import load_policy

@@ -14,8 +14,9 @@ from model_concurrency import AIMD, ControllerCore
 from model_concurrency.cli import main
 from model_concurrency.gate.limiter import LimiterCore
 from model_concurrency.lab.client import SimClient
+from model_concurrency.lab.experiment import run_scenario
 from model_concurrency.lab.oracle import Oracle, Sweep
-from model_concurrency.lab.run import run_scenario, simulate
+from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import load_scenario, scenario_from_dict
 from model_concurrency.lab.summary import SUMMARY_KEYS, jain_index
 from model_concurrency.lab.world import Phase, phases, preset_for

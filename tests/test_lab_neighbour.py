@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_concurrency.lab.neighbour import deadlines, tenant_alone
-from model_concurrency.lab.run import run_scenario
+from model_concurrency.lab.experiment import run_scenario
+from model_concurrency.lab.neighbour import deadlines
+from model_concurrency.lab.run import tenant_alone
 from model_concurrency.lab.scenario import Interactive, load_scenario, scenario_from_dict
 from model_concurrency.policies.adaptive import Adaptive
 from model_concurrency.policies.static import Static

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_concurrency.lab import run as run_module
+from model_concurrency.lab import oracle as oracle_module
 from model_concurrency.lab.oracle import Oracle, cache_dir
 from model_concurrency.lab.scenario import Scenario, scenario_from_dict
 from model_concurrency.lab.trace import ClientTrace, Trace, load_trace, save_trace
@@ -77,7 +77,7 @@ def test_a_warm_oracle_run_reads_the_cache_without_simulating(cache: Path, monke
     def no_simulation(*args: object, **kwargs: object) -> Trace:
         raise AssertionError("a warm oracle run simulated")
 
-    monkeypatch.setattr(run_module, "simulate", no_simulation)
+    monkeypatch.setattr(oracle_module, "simulate", no_simulation)
     assert_same(Oracle(dataclasses.replace(tiny(), name="renamed")).run(), first)
 
 

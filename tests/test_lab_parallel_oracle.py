@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from model_concurrency.lab import oracle as oracle_module
-from model_concurrency.lab.run import run_scenario
+from model_concurrency.lab.experiment import run_scenario
 from model_concurrency.lab.scenario import Scenario, scenario_from_dict
 from model_concurrency.policies.base import Policy
 from model_concurrency.policies.registry import load_policy
@@ -64,7 +64,7 @@ def test_a_failed_policy_run_leaves_no_worker(tmp_path: Path, monkeypatch: pytes
 
 
 def test_serial_is_the_default_for_small_runs_and_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    from model_concurrency.lab.run import _oracle_in_parallel
+    from model_concurrency.lab.experiment import _oracle_in_parallel
 
     fleet = scenario_from_dict({"name": "f", "duration_s": 1800.0, "fleet": {"replicas": 16, "engines": 4}})
     monkeypatch.setattr("os.cpu_count", lambda: 2)

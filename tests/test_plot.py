@@ -98,8 +98,8 @@ def test_grid_has_one_legend_outside_every_cell(tmp_path: Path, monkeypatch: pyt
 
 def test_single_run_plot_explains_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``make sim``'s figure: a legend per panel, clear of every axis; the change named; the oracle in a caption."""
+    from model_concurrency.lab.experiment import run_scenario
     from model_concurrency.lab.plot import ORACLE_CAPTION, change_labels
-    from model_concurrency.lab.run import run_scenario
 
     scenario = load_scenario("gpu-added").scaled(0.05)
     assert change_labels(scenario) == [(30.0, "+3 engines")]

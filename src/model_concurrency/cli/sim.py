@@ -36,8 +36,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from model_concurrency import config
     from model_concurrency.cli._output import print_table, progress_bar
+    from model_concurrency.lab.experiment import run_scenario
     from model_concurrency.lab.plot import plot_run
-    from model_concurrency.lab.run import run_scenario
     from model_concurrency.lab.scenario import load_scenario
     from model_concurrency.policies.registry import load_policy
 

@@ -130,20 +130,6 @@ def neighbour_latency(fleet: Fleet) -> NeighbourLatency:
     return NeighbourLatency(arrival[order], ttft[order], itl[order])
 
 
-def tenant_alone(scenario: Scenario) -> NeighbourLatency:
-    """The same scenario without the fan-out clients: the tenant's own latency, the baseline of the ratio."""
-    from model_concurrency.lab.world import World
-
-    env = simpy.Environment()
-    world = World(env, scenario, resolve_fraction=_no_fraction, rng=np.random.default_rng(scenario.seed + 1))
-    env.run(until=scenario.duration_s)
-    return neighbour_latency(world.fleet)
-
-
-def _no_fraction(phase: object, fraction: float) -> float:
-    raise ValueError("the neighbour's baseline does not size background traffic from capacity")
-
-
 def _idle_mask(spec: Interactive, time: Array) -> Array:
     after_first = time >= spec.first_burst_s + spec.burst_s
     idle = np.fromiter((not spec.in_burst(t) for t in time), bool, len(time))
@@ -196,10 +182,12 @@ def neighbour_summary(
     trace: Trace,
     latency: NeighbourLatency | None,
     *,
+    alone: Callable[[], NeighbourLatency],
     ungated_trace: Callable[[], Trace] | None = None,
 ) -> dict[str, Any]:
     """The neighbour's summary keys (module docstring); empty for a scenario without ``[interactive]``.
 
+    ``alone`` runs the tenant without the fan-out (lab/run.py ``tenant_alone``) for the baseline of the TTFT ratio;
     ``ungated_trace`` runs the ungated batch for the throughput ratio (None: the ratio is left out, None)."""
     met, total = deadlines(scenario, trace)
     out: dict[str, Any] = {"deadlines_met": met, "deadlines_total": total}
@@ -207,8 +195,8 @@ def neighbour_summary(
     if spec is None or latency is None:
         return out
     bursts = latency.in_bursts(spec)
-    alone = tenant_alone(scenario).in_bursts(spec)
-    p99, p99_alone = bursts.ttft_p99(), alone.ttft_p99()
+    alone_in_bursts = alone().in_bursts(spec)
+    p99, p99_alone = bursts.ttft_p99(), alone_in_bursts.ttft_p99()
     idle = batch_idle_rate(scenario, trace)
     idle_ungated = batch_idle_rate(scenario, ungated_trace()) if ungated_trace is not None else None
     out.update(

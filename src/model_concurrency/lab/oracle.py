@@ -41,6 +41,7 @@ from typing import Any
 
 from model_concurrency import knobs
 from model_concurrency.knobs import setting
+from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
 from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
@@ -112,8 +113,6 @@ def pool_tokens(scenario: Scenario, engines: int) -> int:
 
 
 def _measure(scenario: Scenario, concurrency: int) -> float:
-    from model_concurrency.lab.run import simulate
-
     pool = pool_tokens(scenario, scenario.fleet.engines * scenario.fleet.replicas)
     trace = simulate(scenario, schedules=[[(0.0, concurrency)]], budgets=[[(0.0, pool)]])
     done = trace.clients[0].completions
@@ -280,8 +279,6 @@ class Oracle:
         is a second simulation as long as the policy's own, so a warm cache skips it. Keyed by the whole scenario
         (its name and description aside), the resolved preset, the schedules and budgets, and :data:`_VERSION`.
         """
-        from model_concurrency.lab.run import simulate
-
         schedules, budgets = self.schedules(), self.budgets()
         path = self.run_path(schedules, budgets)
         try:
@@ -328,6 +325,6 @@ def _run_key(
 
 def store_run(scenario: Scenario) -> None:
     """Simulate the oracle's run of ``scenario`` into the disk cache: the body of the worker process that runs it
-    beside the policy's run (:func:`model_concurrency.lab.run.run_scenario`). Nothing comes back through the pipe
+    beside the policy's run (:func:`model_concurrency.lab.experiment.run_scenario`). Nothing comes back through the pipe
     (200 MB at fleet scale): the parent reads the stored copy, memory-mapped."""
     Oracle(scenario).run()
