@@ -20,8 +20,9 @@ anything else (400, 500, a bug in the caller's code)        error              n
 ==========================================================  =================  ================================
 
 The reason header wins over the status (llm-d sheds with 429 *or* 503). ``x-should-retry`` (OpenAI) only says
-whether ``retries=`` may send the call again. A cut happens at most once per flight
-(:class:`CutOncePerFlight`): refusals of calls sent before the last cut are the same overload seen late.
+whether ``retries=`` may send the call again. A capacity refusal (cut, gentle cut) cuts at most once per flight
+(:class:`CutOncePerFlight`): refusals of calls sent before the last cut are the same overload seen late. A rate
+limit's 429 with a delay (hold) keeps cutting at each refusal, the rule docs/operations.md measured for it.
 """
 
 from __future__ import annotations
