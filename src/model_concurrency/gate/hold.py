@@ -11,30 +11,36 @@ slot and again once granted (a slot released during the hold may be handed strai
 starts while a hold is in force. Pinned fan-outs (``capacity=N``) wait too. The waits poll the clock in short
 steps, so a hold that is extended meanwhile is honoured and a test's clock that jumps is followed.
 
-The same hold carries the outage rule (gate/outage.py): while the model is unreachable its deadline is the next
-probe, and a call that succeeds lifts it (:meth:`.outage.Outage.succeed`); a Retry-After deadline is never
-shortened by that. :func:`hold_from_headers` reads every delay a rejection can name: ``retry-after-ms``,
-``Retry-After`` (seconds or an HTTP date), and the hosted APIs' bucket resets (OpenAI's
-``x-ratelimit-reset-{requests,tokens}`` durations such as ``6m0s``, Anthropic's
-``anthropic-ratelimit-*-reset`` RFC 3339 times).
+The same hold carries the outage rule (:class:`Outage`, described in gate/outage.py): while the model is
+unreachable its deadline is the next probe, and a call that succeeds lifts it; a Retry-After deadline is never
+shortened by that. The delays a rejection can name are read by gate/outcome.py (:func:`hold_from_headers`:
+``retry-after-ms``, ``Retry-After`` as seconds or an HTTP date, the hosted APIs' bucket resets), re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import math
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable
 
-from model_concurrency.gate.outage import Outage
+from model_concurrency.gate.outcome import (
+    hold_from_headers,
+    parse_duration,
+    parse_reset_time,
+    retry_after_from_headers,
+)
+from model_concurrency.knobs import MAX_OUTAGE_S
 
 __all__ = [
+    "FIRST_PROBE_S",
+    "MAX_OUTAGE_S",
+    "MAX_PROBE_S",
     "MAX_RETRY_AFTER_S",
     "AdmissionHold",
+    "ModelUnreachable",
+    "Outage",
     "hold_from_headers",
     "parse_duration",
     "parse_reset_time",
@@ -58,6 +64,80 @@ def check_retry_after(seconds: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"retry-after must be a finite number of seconds >= 0, got {seconds!r}")
     return min(value, MAX_RETRY_AFTER_S)
+
+
+FIRST_PROBE_S = 0.25
+MAX_PROBE_S = 2.0
+
+
+class ModelUnreachable(RuntimeError):
+    """An item waited for a model that has been unreachable for longer than ``max_outage_s``."""
+
+
+class Outage:
+    """One model's outage state: since when, the next probe, the backoff. Thread-safe; no clock of its own."""
+
+    __slots__ = ("_lock", "backoff_s", "max_s", "noted_at", "opened", "probes_failed", "reason", "since", "until")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None
+        self.until = -math.inf
+        self.noted_at = -math.inf
+        self.backoff_s = FIRST_PROBE_S
+        self.max_s = MAX_OUTAGE_S[1]
+        self.reason = ""
+        self.opened = 0  # outages so far (tests, stats)
+        self.probes_failed = 0
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    def fail(self, sent_at: float, now: float, reason: str, max_s: float) -> bool:
+        """A call failed as an outage. True when this opened the outage (the caller pins its limiter to 1).
+
+        ``max_s`` <= 0: the rule is off and nothing happens."""
+        if not max_s > 0:
+            return False
+        with self._lock:
+            if self.since is None:
+                self.since, self.reason, self.max_s = now, reason, max_s
+                self.backoff_s = FIRST_PROBE_S
+                self.noted_at = now
+                self.until = now + self.backoff_s
+                self.opened += 1
+                return True
+            if sent_at >= self.noted_at:  # a probe, sent after the last deadline was set, failed: back off
+                self.backoff_s = min(2 * self.backoff_s, MAX_PROBE_S)
+                self.until = now + self.backoff_s
+                self.noted_at = now
+                self.reason = reason
+                self.probes_failed += 1
+            return False
+
+    def succeed(self, sent_at: float) -> bool:
+        """A call sent at ``sent_at`` succeeded. True when this ended an outage (the caller restores its limiter).
+
+        A call sent before the outage opened says the model *was* reachable then, not that it is now: no change."""
+        if self.since is None:
+            return False
+        with self._lock:
+            if self.since is None or sent_at < self.since:
+                return False
+            self.since = None
+            self.until = -math.inf
+            self.noted_at = -math.inf
+            return True
+
+    def check(self, now: float) -> None:
+        """Raise :class:`ModelUnreachable` when the outage has lasted longer than its ``max_outage_s``."""
+        since = self.since
+        if since is not None and now - since > self.max_s:
+            raise ModelUnreachable(
+                f"the model has been unreachable for {now - since:.1f} s (more than max_outage_s = {self.max_s:g} s,"
+                f" MODEL_CONCURRENCY_MAX_OUTAGE_S): {self.reason}"
+            )
 
 
 class AdmissionHold:
@@ -88,103 +168,6 @@ class AdmissionHold:
         return max(0.0, max(self.until, self.outage.until) - now)
 
 
-def retry_after_from_headers(headers: Mapping[str, str], now: Callable[[], datetime] | None = None) -> float | None:
-    """The delay a response asks for: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date).
-
-    None when there is none or it cannot be read (a malformed header is ignored, never raised: the response is
-    still a 429 and counted as throttled).
-    """
-    lowered = {k.lower(): v for k, v in headers.items()}
-    raw_ms = lowered.get("retry-after-ms")
-    if raw_ms is not None:
-        try:
-            value = float(raw_ms) / 1000.0
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            return value
-    raw = lowered.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        value = (when - (now() if now is not None else datetime.now(UTC))).total_seconds()
-        return max(0.0, value)
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)")
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds in a Go-style duration as OpenAI's ``x-ratelimit-reset-*`` send them (``12ms``, ``1.5s``,
-    ``6m0s``, ``1h2m3s``); a bare number is seconds. None when it cannot be read."""
-    raw = text.strip().lower()
-    try:
-        value = float(raw)
-    except ValueError:
-        pos, value = 0, 0.0
-        for match in _DURATION.finditer(raw):
-            if match.start() != pos:
-                return None
-            pos = match.end()
-            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
-            value += float(match.group(1)) * scale
-        if pos == 0 or pos != len(raw):
-            return None
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-def parse_reset_time(text: str, now: datetime) -> float | None:
-    """Seconds from ``now`` until an RFC 3339 time (Anthropic's ``anthropic-ratelimit-*-reset``); 0 if past."""
-    try:
-        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
-
-
-_OPENAI_BUCKETS = ("requests", "tokens")
-_ANTHROPIC_BUCKETS = ("requests", "tokens", "input-tokens", "output-tokens")
-
-
-def hold_from_headers(headers: Mapping[str, str], now: Callable[[], datetime] | None = None) -> float | None:
-    """The delay a rejection names: :func:`retry_after_from_headers` first; else the hosted APIs' bucket resets.
-
-    A bucket with ``remaining`` 0 names when it refills; the longest of those is the delay (every empty bucket
-    must refill). With no empty bucket reported, the earliest reset. None when nothing names a time.
-    """
-    explicit = retry_after_from_headers(headers, now)
-    if explicit is not None:
-        return explicit
-    lowered = {k.lower(): v for k, v in headers.items()}
-    wall = now() if now is not None else datetime.now(UTC)
-    resets: list[tuple[bool, float]] = []  # (bucket empty, seconds until it refills)
-    for bucket in _OPENAI_BUCKETS:
-        reset = lowered.get(f"x-ratelimit-reset-{bucket}")
-        seconds = parse_duration(reset) if reset is not None else None
-        if seconds is not None:
-            resets.append((lowered.get(f"x-ratelimit-remaining-{bucket}", "").strip() == "0", seconds))
-    for bucket in _ANTHROPIC_BUCKETS:
-        reset = lowered.get(f"anthropic-ratelimit-{bucket}-reset")
-        seconds = parse_reset_time(reset, wall) if reset is not None else None
-        if seconds is not None:
-            resets.append((lowered.get(f"anthropic-ratelimit-{bucket}-remaining", "").strip() == "0", seconds))
-    empty = [seconds for is_empty, seconds in resets if is_empty]
-    if empty:
-        return max(empty)
-    return min((seconds for _, seconds in resets), default=None)
-
-
 def retry_after_from_exception(exc: BaseException) -> float | None:
     """The Retry-After an exception's HTTP response carried (httpx/openai errors keep the response)."""
     response = getattr(exc, "response", None)
@@ -197,7 +180,7 @@ def retry_after_from_exception(exc: BaseException) -> float | None:
 def wait_hold(hold: AdmissionHold, clock: Callable[[], float], tick: Callable[[], None] | None = None) -> None:
     """Block this thread until the hold has passed, calling ``tick`` between steps (a fan-out follows its target).
 
-    Raises :class:`~.outage.ModelUnreachable` while the model has been unreachable for longer than
+    Raises :class:`ModelUnreachable` while the model has been unreachable for longer than
     ``max_outage_s`` (gate/outage.py); once the next probe is due the call goes ahead (it may be that probe)."""
     while (left := hold.remaining(now := clock())) > 0:
         hold.outage.check(now)

@@ -20,22 +20,24 @@ anything else (400, 500, a bug in the caller's code)        error              n
 ==========================================================  =================  ================================
 
 The reason header wins over the status (llm-d sheds with 429 *or* 503). ``x-should-retry`` (OpenAI) only says
-whether ``retries=`` may send the call again. A cut happens at most once per flight
-(:class:`CutOncePerFlight`): refusals of calls sent before the last cut are the same overload seen late.
+whether ``retries=`` may send the call again. A capacity refusal (cut, gentle cut) cuts at most once per flight
+(:class:`CutOncePerFlight`): refusals of calls sent before the last cut are the same overload seen late. A rate
+limit's 429 with a delay (hold) keeps cutting at each refusal, the rule docs/operations.md measured for it.
 """
 
 from __future__ import annotations
 
+import email.utils
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 import httpx
 
-from model_concurrency.gate.hold import hold_from_headers
 from model_concurrency.gate.stats import status_of
 
 __all__ = [
@@ -46,12 +48,113 @@ __all__ = [
     "Outcome",
     "classify",
     "classify_exception",
+    "hold_from_headers",
     "is_connection_failure",
+    "parse_duration",
+    "parse_reset_time",
+    "retry_after_from_headers",
 ]
 
 DROPPED_REASON = "x-llm-d-request-dropped-reason"
 # A queue-TTL expiry is a late sign of overload, not a refusal at the door: √0.9 of in flight instead of 0.9.
 GENTLE_CUT_FACTOR = math.sqrt(0.9)
+
+
+def retry_after_from_headers(headers: Mapping[str, str], now: Callable[[], datetime] | None = None) -> float | None:
+    """The delay a response asks for: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date).
+
+    None when there is none or it cannot be read (a malformed header is ignored, never raised: the response is
+    still a 429 and counted as throttled).
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            value = float(raw_ms) / 1000.0
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        value = (when - (now() if now is not None else datetime.now(UTC))).total_seconds()
+        return max(0.0, value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a Go-style duration as OpenAI's ``x-ratelimit-reset-*`` send them (``12ms``, ``1.5s``,
+    ``6m0s``, ``1h2m3s``); a bare number is seconds. None when it cannot be read."""
+    raw = text.strip().lower()
+    try:
+        value = float(raw)
+    except ValueError:
+        pos, value = 0, 0.0
+        for match in _DURATION.finditer(raw):
+            if match.start() != pos:
+                return None
+            pos = match.end()
+            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+            value += float(match.group(1)) * scale
+        if pos == 0 or pos != len(raw):
+            return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def parse_reset_time(text: str, now: datetime) -> float | None:
+    """Seconds from ``now`` until an RFC 3339 time (Anthropic's ``anthropic-ratelimit-*-reset``); 0 if past."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+_OPENAI_BUCKETS = ("requests", "tokens")
+_ANTHROPIC_BUCKETS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def hold_from_headers(headers: Mapping[str, str], now: Callable[[], datetime] | None = None) -> float | None:
+    """The delay a rejection names: :func:`retry_after_from_headers` first; else the hosted APIs' bucket resets.
+
+    A bucket with ``remaining`` 0 names when it refills; the longest of those is the delay (every empty bucket
+    must refill). With no empty bucket reported, the earliest reset. None when nothing names a time.
+    """
+    explicit = retry_after_from_headers(headers, now)
+    if explicit is not None:
+        return explicit
+    lowered = {k.lower(): v for k, v in headers.items()}
+    wall = now() if now is not None else datetime.now(UTC)
+    resets: list[tuple[bool, float]] = []  # (bucket empty, seconds until it refills)
+    for bucket in _OPENAI_BUCKETS:
+        reset = lowered.get(f"x-ratelimit-reset-{bucket}")
+        seconds = parse_duration(reset) if reset is not None else None
+        if seconds is not None:
+            resets.append((lowered.get(f"x-ratelimit-remaining-{bucket}", "").strip() == "0", seconds))
+    for bucket in _ANTHROPIC_BUCKETS:
+        reset = lowered.get(f"anthropic-ratelimit-{bucket}-reset")
+        seconds = parse_reset_time(reset, wall) if reset is not None else None
+        if seconds is not None:
+            resets.append((lowered.get(f"anthropic-ratelimit-{bucket}-remaining", "").strip() == "0", seconds))
+    empty = [seconds for is_empty, seconds in resets if is_empty]
+    if empty:
+        return max(empty)
+    return min((seconds for _, seconds in resets), default=None)
 
 
 class Kind(StrEnum):

@@ -5,8 +5,9 @@ Every entry point ends a call here (``map_concurrent``'s and ``map_concurrent_sy
 requests are slots), so a rejection means the same thing whichever way the call was made:
 
 * *cut* / *gentle-cut* / *hold*: the target drops to 0.9 (gentle: √0.9) × the calls in flight
-  (:meth:`~model_concurrency.runtime.ModelRuntime.note_throttled`), at most once per flight
-  (:class:`~.outcome.CutOncePerFlight`); a delay the rejection named holds new calls until then
+  (:meth:`~model_concurrency.runtime.ModelRuntime.note_throttled`); a capacity refusal (cut, gentle cut) at most
+  once per flight (:class:`~.outcome.CutOncePerFlight`), a rate limit's 429 with a delay (hold) at each refusal as
+  before; a delay the rejection named holds new calls until then
   (:meth:`~model_concurrency.runtime.ModelRuntime.note_retry_after`);
 * *outage*: the outage rule (:mod:`.outage`): new calls wait, one probe at a time, with backoff;
 * *no-information* / *error*: nothing beyond the call's own record.
@@ -63,7 +64,9 @@ def note_failure(runtime: ModelRuntime, outcome: Outcome, sent_at: float, *, ans
         return
     if answered:
         _reachable(runtime, sent_at)
-    if outcome.cuts and limiter.flights.admit(sent_at, runtime.clock()):
+    # Capacity refusals cut once per flight; a rate limit's 429 with a delay cuts at each refusal, as the lab's
+    # clients do (docs/operations.md, "429 and Retry-After": the rule its figures were measured with).
+    if outcome.cuts and (outcome.kind is Kind.HOLD or limiter.flights.admit(sent_at, runtime.clock())):
         runtime.note_throttled(GENTLE_CUT_FACTOR if outcome.kind is Kind.GENTLE_CUT else None)
     if outcome.hold_s is not None:
         runtime.note_retry_after(outcome.hold_s)

@@ -208,7 +208,8 @@ class _SyncRun:
             delay = self.retry.delay(exc, attempt) if self.retry is not None else None
             if delay is None or self.stopped or self.results[index] is not _PENDING:
                 break
-            self.target.record(latency, exc)
+            with self.cond:  # the tally is the run's, written under its lock (as _settle does)
+                self.target.record(latency, exc)
             attempt += 0 if probe and outage.active else 1
             sleep(delay)
             if limiter is not None:
