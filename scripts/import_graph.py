@@ -24,9 +24,10 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # the longest matching prefix places a module. Everything not listed sits on top (the public surface, cli).
 LAYERS: list[tuple[str, ...]] = [
     ("bundled", "observation", "signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
+    ("knobs", "extras"),
     ("config", "policies", "signals", "engine"),
     ("controller", "guard", "gate.limiter", "gate.stats", "gate.outcome"),
-    ("gate.model_limiter", "gate.hold", "telemetry"),
+    ("gate.model_limiter", "gate.hold", "telemetry", "export"),
     ("runtime",),
     ("gate", "hooks", "integrations", "ray"),
     ("lab", "emulator"),
