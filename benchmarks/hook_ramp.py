@@ -13,7 +13,7 @@ and a front-end process) from a floor of 4, two runs in the same process and the
 The issue's goal: the hook's ramp within 5× the gate's. Polls, not seconds, so the figure holds on a loaded
 machine. Run it with ``nice``::
 
-    nice .venv/bin/python benchmarks/hook_ramp.py --polls 30
+    MODEL_MAX_CONCURRENCY=256 nice .venv/bin/python benchmarks/hook_ramp.py --polls 30
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from model_concurrency import map_concurrent, register_model, reset_runtimes, resolve_capacity
+from model_concurrency import knobs, map_concurrent, register_model, reset_runtimes, resolve_capacity
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_processes
 from model_concurrency.runtime import ModelRuntime, runtime_for
 
@@ -143,11 +143,9 @@ def main() -> None:
     parser.add_argument("--poll-s", type=float, default=0.1, help="MODEL_CONCURRENCY_POLL_S for both runs")
     parser.add_argument("--presets", default="bge-m3,llama")
     args = parser.parse_args()
-    import os
-
-    os.environ["MODEL_CONCURRENCY_POLL_S"] = str(args.poll_s)
-    for kind in args.presets.split(","):
-        print(measure(kind, args.polls), flush=True)
+    with knobs.overrides({knobs.POLL_S[0]: str(args.poll_s)}):  # passed as a setting, os.environ untouched
+        for kind in args.presets.split(","):
+            print(measure(kind, args.polls), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import FakeClock
-from model_concurrency import config, get_utilization, map_concurrent_sync, register_model, slot
+from model_concurrency import get_utilization, knobs, map_concurrent_sync, register_model, slot
 from model_concurrency.config import setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.gate.model_limiter import ModelLimiter
@@ -131,7 +131,7 @@ def test_invalid_knob_values_are_warned_about_and_ignored(
     name: str, raw: str, default: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv(name, raw)
-    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setattr(knobs, "_warned", set())
     with caplog.at_level(logging.WARNING, "model_concurrency"):
         assert setting(name, default) == default
         assert setting(name, default) == default

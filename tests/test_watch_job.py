@@ -66,13 +66,22 @@ def run_job(emu: RunningEmulator, stop: threading.Event) -> threading.Thread:
     return thread
 
 
+def settle(model: str) -> None:
+    """Wait (bounded) until the model's runtime stopped polling: the job's last decision is in."""
+    runtime = runtime_for(model)
+    for _ in range(500):
+        if runtime.scheduled_poll_at() is None:
+            return
+        threading.Event().wait(0.02)
+
+
 def watch_until_grown(where: str, stop: threading.Event) -> dict[str, object]:
     """What ``watch --job`` reads, until the job's target left the floor (or a bounded number of reads)."""
     runtime = runtime_for(MODEL)
     for _ in range(400):
         try:
             rows = {row["model"]: row for row in job_rows(job_page(where))}
-        except ValueError:  # the file is not written yet
+        except (ValueError, httpx.ConnectError):  # the job has not published yet (its first poll starts it)
             rows = {}
         row = rows.get(MODEL)
         if row is not None and int(row["target"]) > FLOOR and runtime.core.polls >= 3:  # type: ignore[call-overload]
@@ -104,16 +113,13 @@ def test_watch_job_shows_the_jobs_own_target(
     assert row["floor"] == FLOOR and row["ceiling"] == 64
     assert row["metrics_ok"] == "ok"
     # The page follows the job's runtime: once the job is over (its poller gone) it holds the job's last target.
-    for _ in range(200):
-        if runtime.scheduled_poll_at() is None:
-            break
-        stop.wait(0.02)
+    settle(MODEL)
     if kind == "file":
         export.write_page(Path(where))  # the writer's next round, now
     final = {r["model"]: r for r in job_rows(job_page(where))}[MODEL]
     assert final["target"] == runtime.core.target
     shown = text_of(render_job_table([row], where))
-    assert "the job's own runtime state" in shown and MODEL in shown and str(row["target"]) in shown
+    assert "the job's own state" in shown and MODEL in shown and str(row["target"]) in shown
 
 
 def test_job_addresses() -> None:
@@ -138,3 +144,22 @@ def test_limited_by_is_the_reason_whose_gauge_is_one() -> None:
 
 def test_watch_without_a_job_says_whose_controllers_it_shows() -> None:
     assert "this process's own controllers, not a running job's" in text_of(render_table([]))
+
+
+def test_run_export_publishes_for_watch_job(
+    emulator: RunningEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run --export PATH``: the CLI's own job publishes, and ``watch --job PATH --once`` shows its target."""
+    from model_concurrency.cli import main
+
+    where = str(tmp_path / "run.prom")
+    args = ["run", "--model", "cli-job", "--base-url", emulator.base_url, "--items", "40", "--quiet"]
+    assert main([*args, "--export", where]) == 0
+    assert f"watch --job {where}" in capsys.readouterr().out
+    settle("cli-job")
+    export.write_page(Path(where))
+    assert main(["watch", "--job", where, "--once"]) == 0
+    shown = capsys.readouterr().out
+    assert "the job's own state" in shown and "cli-job" in shown
+    (row,) = [r for r in job_rows(job_page(where)) if r["model"] == "cli-job"]
+    assert row["target"] == runtime_for("cli-job").core.target

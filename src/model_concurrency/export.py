@@ -132,3 +132,14 @@ def _write_forever(path: Path, done: threading.Event) -> None:
             write_page(path)
         except OSError as exc:  # a full disk or a removed folder: say so, keep trying
             log.warning("cannot write metrics to %s: %s", path, exc)
+
+
+def _after_fork_in_child() -> None:
+    # A child inherits neither the parent's server thread nor its writer: it publishes only what it starts itself.
+    global _lock
+    _lock = threading.Lock()
+    _started.clear()
+    _stops.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

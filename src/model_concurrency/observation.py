@@ -65,8 +65,10 @@ class EngineSnapshot:
     # Set by a source that keeps the previous totals (IntervalMeter): the interval since its previous reading.
     interval: Interval | None = None
     # ``vllm:e2e_request_latency_seconds_sum``: the seconds finished requests spent in the server. Its growth over
-    # an interval divided by the interval is the mean number of requests in the server then (Little's law).
-    e2e_latency_sum_total: float | None = None
+    # an interval divided by the interval is the mean number of requests in the server then (Little's law). Read
+    # from pages for the hook-alone path only (runtime.engine_view); the simulated engine's own snapshot leaves it
+    # out of its hot path, so it takes no part in comparing two snapshots.
+    e2e_latency_sum_total: float | None = field(default=None, compare=False)
     # The Gateway API Inference Extension's pool score (signals/saturation.py), read beside ours for operators;
     # no policy reads it, and it takes no part in equality (the simulated engine, whose snapshots are compared with
     # parsed pages, does not compute it). None when the source cannot tell engines apart (a PromQL sum).

@@ -106,7 +106,7 @@ def render_job_table(rows: list[dict[str, Any]], where: str) -> Any:
 
     from model_concurrency.cli._output import fmt
 
-    title = f"model-concurrency watch --job {where} — the job's own runtime state — {time.strftime('%H:%M:%S')}"
+    title = f"watch --job {where}: the job's own state — {time.strftime('%H:%M:%S')}"
     table = Table(title=title)
     for column, _ in JOB_COLUMNS:
         table.add_column(column, justify="left" if column in ("model", "metrics", "limited by") else "right")

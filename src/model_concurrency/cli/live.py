@@ -373,7 +373,6 @@ def load_watch_config(path: str) -> None:
 
 
 def watch(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.live import Live
 
     from model_concurrency import config
@@ -384,12 +383,8 @@ def watch(args: argparse.Namespace) -> int:
         load_watch_config(args.config)
     if not config.registered_models():
         raise ValueError("no registered models: pass --config models.toml or set MODEL_CONCURRENCY_CONFIG")
-    from rich.measure import Measurement
-
     table = render_table(utilization_rows())
-    console = Console()
-    # As wide as the table wants, so no column is cut to fit a narrow (or absent) terminal.
-    console.width = max(console.width, Measurement.get(console, console.options.update_width(1000), table).maximum)
+    console = wide_console(table)
     if args.once:
         console.print(table)
         return 0
@@ -401,9 +396,18 @@ def watch(args: argparse.Namespace) -> int:
             live.update(render_table(utilization_rows()))
 
 
+def wide_console(table: Any) -> Any:
+    """A console as wide as ``table`` wants, so no column is cut to fit a narrow (or absent) terminal."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()
+    console.width = max(console.width, Measurement.get(console, console.options.update_width(1000), table).maximum)
+    return console
+
+
 def watch_job(args: argparse.Namespace) -> int:
     """``watch --job``: the job's page, read every interval (cli/job.py renders it)."""
-    from rich.console import Console
     from rich.live import Live
 
     from model_concurrency.cli.job import job_page, job_rows, render_job_table
@@ -411,12 +415,13 @@ def watch_job(args: argparse.Namespace) -> int:
     def table() -> Any:
         return render_job_table(job_rows(job_page(args.job)), args.job)
 
-    console = Console()
+    first = table()
+    console = wide_console(first)
     if args.once:
-        console.print(table())
+        console.print(first)
         return 0
     interval = max(0.2, float(args.interval if args.interval is not None else 1.0))
-    with Live(table(), console=console, refresh_per_second=4) as live:
+    with Live(first, console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(interval)
             live.update(table())
