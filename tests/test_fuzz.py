@@ -189,3 +189,10 @@ def test_the_cli_writes_the_table_the_scenarios_and_ends_with_the_default_line(
     assert sorted(p.name for p in (out / "scenarios").iterdir()) == ["fuzz-135-0000.toml", "fuzz-135-0001.toml"]
     assert load_scenario(out / "scenarios" / "fuzz-135-0001.toml") == draw_scenario(135, 1, 0.03)
     assert (out / "worst.md").read_text().startswith("| scenario | goodput_ratio |")
+
+
+def test_no_draw_removes_engines_and_flaps_a_replica() -> None:
+    # A restarted replica returns with every engine it had: the oracle would see replicas of different sizes.
+    for i in range(300):
+        actions = {e["action"] for e in draw_dict(5, i)["events"]}
+        assert not {"remove_engines", "replica_down"} <= actions

@@ -131,7 +131,10 @@ def _event_kinds(rng: np.random.Generator) -> frozenset[str]:
     sizes (:func:`draw_dict`), so the budget on the oracle's cost does not thin out the draws with events."""
     kinds = {kind for kind, p in P_EVENT.items() if rng.random() < p}
     if "engines" in kinds:
-        kinds.add("remove_engines" if rng.random() < 0.5 else "add_engines")
+        # A replica restarted after engines were removed comes back with all of its engines, unlike the others:
+        # the oracle needs identical replicas, so a draw with a flap only ever adds engines.
+        remove = rng.random() < 0.5 and "flap" not in kinds
+        kinds.add("remove_engines" if remove else "add_engines")
     return frozenset(kinds - {"engines"})
 
 
