@@ -197,6 +197,38 @@ def test_map_concurrent_holds_through_a_wedged_request(monkeypatch: pytest.Monke
         assert get_utilization("m")["saturated"] is False
 
 
+def test_map_concurrent_holds_through_a_livelock_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the gate counting its calls, a livelock page would read as "saturated, served nothing": to the floor."""
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0.05")
+    with metrics_server() as server:
+        register_model("m", base_url=f"{server.url}/v1", served_model_name=SERVED, max_parallel_calls=4)
+        runtime = runtime_for("m")
+        engine = Engine(running=lambda: runtime.inflight())
+        server.behaviour = Behaviour(render=engine.render)
+        levels: list[int] = []
+
+        async def items() -> AsyncIterator[int]:
+            i, since = 0, 0
+            while not engine.livelock or runtime.core.polls < since + 15:
+                if runtime.current() >= 32 and not engine.livelock:
+                    engine.livelock, since = True, runtime.core.polls + 1
+                if engine.livelock and runtime.core.polls >= since:
+                    levels.append(runtime.current())
+                if runtime.core.polls > 60:
+                    break
+                yield i
+                i += 1
+
+        async def call(i: int) -> int:
+            await asyncio.sleep(0.01)
+            return i
+
+        asyncio.run(map_concurrent(items(), call, model="m"))
+        assert engine.livelock and levels, levels
+        assert min(levels) == max(levels) >= 32, levels
+        assert runtime.core.page_hold.reason == LIVELOCK
+
+
 observations = st.builds(
     Observation,
     running=st.floats(0, 100),

@@ -29,7 +29,7 @@ I/O. The rules, each a property a full engine cannot have:
   from a closed loop one over capacity look the same until a cut shows which), so once it is confirmed the target
   goes back to where it was when ``w`` appeared: the cuts made on a reading that proved not to be a signal are
   undone. (Without (c), a queue kept at one length by two clients sharing an engine fired it on
-  ``embed-shared`` and ``multi-client-32``; with it, no bundled scenario holds a single poll.)
+  ``embed-shared`` and ``multi-client-32``; with it, no bundled scenario checked holds a single poll.)
 * **retractions at zero goodput** (retraction livelock): preemptions on ``retraction_polls`` consecutive polls
   (3) without a single completion. Held from then, back at the target the spell started from.
 
