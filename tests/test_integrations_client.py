@@ -139,7 +139,8 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         except (asyncio.IncompleteReadError, ConnectionError):
             break
         path = head.split(b" ", 2)[1]
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(path), path))
+        body = b"x" * (3 << 20) if path == b"/big" else path  # 3 MiB: past the backend's read high-water mark
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
     writer.close()
 
@@ -169,6 +170,12 @@ def test_asyncio_network_over_tls_and_its_timeouts(tmp_path: Path) -> None:
         async with ShardedAsyncClient(verify=client_context, connections=4, per_shard=2, timeout=0.2) as client:
             got = await asyncio.gather(*(client.get(f"https://127.0.0.1:{tls_port}/p{i}") for i in range(10)))
             assert [r.text for r in got] == [f"/p{i}" for i in range(10)]
+            async with client.stream("GET", f"https://127.0.0.1:{tls_port}/big", timeout=30) as big:
+                size = 0
+                async for chunk in big.aiter_raw():
+                    size += len(chunk)
+                    await asyncio.sleep(0)  # a consumer slower than loopback
+            assert size == 3 << 20
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(f"http://127.0.0.1:{silent_port}/")
             call = asyncio.ensure_future(client.get(f"http://127.0.0.1:{silent_port}/", timeout=30))
