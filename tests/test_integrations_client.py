@@ -13,8 +13,14 @@ import httpx
 import openai
 import pytest
 
+from model_concurrency import map_concurrent_sync, register_model
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_thread
-from model_concurrency.integrations.httpx import ShardedAsyncClient, ShardedAsyncTransport
+from model_concurrency.integrations.httpx import (
+    ShardedAsyncClient,
+    ShardedAsyncTransport,
+    ShardedClient,
+    ShardedTransport,
+)
 from model_concurrency.integrations.openai import wrap
 
 
@@ -74,7 +80,7 @@ def test_a_streamed_response_holds_its_place_until_read_or_closed(emu: RunningEm
             response = await client.get("/metrics")
             seen.append(sum(client.sharded.in_use))
             assert response.status_code == 200
-            assert sorted(client.sharded._free) == [0, 1, 2, 3]  # every pool has room again
+            assert sorted(client.sharded.placement.free) == [0, 1, 2, 3]  # every pool has room again
         return seen
 
     assert asyncio.run(main()) == [2, 1, 0, 0]
@@ -114,6 +120,26 @@ def test_the_openai_client_takes_it_and_wrap_uses_it_by_default(emu: RunningEmul
     assert isinstance(inner, ShardedAsyncTransport) and inner.connections >= 1000
 
 
+def test_the_blocking_client_from_pool_threads(emu: RunningEmulator) -> None:
+    register_model("sharded-sync", base_url=None, max_parallel_calls=12)
+    with ShardedClient(base_url=emu.base_url, timeout=30, connections=8) as client:
+
+        def one(i: int) -> int:
+            response = client.post("/embeddings", json={"model": emu.model, "input": f"t{i}"})
+            return len(response.json()["data"][0]["embedding"])
+
+        sizes = map_concurrent_sync(range(60), one, model="sharded-sync")  # 12 threads over 8 connections
+        assert len(set(sizes)) == 1 and len(sizes) == 60
+        assert sum(client.sharded.in_use) == 0 and sorted(client.sharded.placement.free) == list(range(8))
+        assert 1 <= sum(len(shard._pool.connections) for shard in client.sharded.shards) <= 8
+    assert sum(len(shard._pool.connections) for shard in client.sharded.shards) == 0
+    wrapped = wrap(openai.OpenAI(base_url=emu.base_url, api_key="k"))
+    inner = wrapped._client._transport.inner  # type: ignore[attr-defined]
+    assert isinstance(inner, ShardedTransport) and inner.connections >= 1000
+    assert len(wrapped.embeddings.create(model=emu.model, input="x").data) == 1
+    wrapped.close()
+
+
 def test_arguments() -> None:
     with pytest.raises(ValueError, match="connections"):
         ShardedAsyncTransport(connections=0)
@@ -125,6 +151,8 @@ def test_arguments() -> None:
     assert client.sharded.connections == 48 and len(client.sharded.shards) == 3
     assert ShardedAsyncTransport(connections=3, per_shard=16).connections == 3  # never more pools than needed
     asyncio.run(client.aclose())
+    with pytest.raises(TypeError, match="transport"):
+        ShardedClient(transport=httpx.HTTPTransport())
 
 
 async def _serve(handler: object, ssl_context: ssl.SSLContext | None = None) -> asyncio.AbstractServer:

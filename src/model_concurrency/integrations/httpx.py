@@ -10,7 +10,8 @@ streams. A response with status >= 400 is a failed call; 429/503 a throttled one
 ``retry-after-ms``) is handed to the model's runtime: no new call to it starts before then.
 
 :class:`ShardedAsyncClient` / :class:`ShardedAsyncTransport` (from :mod:`.client`): an ``httpx.AsyncClient`` whose
-per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call).
+per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call);
+:class:`ShardedClient` / :class:`ShardedTransport` for ``httpx.Client``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ from model_concurrency.config import registered_models
 from model_concurrency.gate.hold import retry_after_from_headers
 from model_concurrency.gate.slot import slot
 from model_concurrency.gate.target import THROTTLED
-from model_concurrency.integrations.client import ShardedAsyncClient, ShardedAsyncTransport
+from model_concurrency.integrations.client import (
+    ShardedAsyncClient,
+    ShardedAsyncTransport,
+    ShardedClient,
+    ShardedTransport,
+)
 
 __all__ = [
     "AsyncSlotTransport",
     "ShardedAsyncClient",
     "ShardedAsyncTransport",
+    "ShardedClient",
+    "ShardedTransport",
     "SlotTransport",
     "model_of_request",
     "registry_key",
