@@ -37,7 +37,8 @@ from model_concurrency.integrations.httpx import ShardedAsyncClient
 
 Post = Callable[[int], Awaitable[int]]
 HEADER = (
-    "| in flight | ceiling calls/s | shared pool calls/s (× ceiling) | ours calls/s (× ceiling) | CPU s shared / ours |"
+    "| in flight | ceiling calls/s | shared pool calls/s (× ceiling) | ours calls/s (× ceiling) "
+    "| client CPU ms per call: ceiling / shared / ours |"
 )
 
 

@@ -13,8 +13,14 @@ import httpx
 import openai
 import pytest
 
+from model_concurrency import map_concurrent_sync, register_model
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_thread
-from model_concurrency.integrations.httpx import ShardedAsyncClient, ShardedAsyncTransport
+from model_concurrency.integrations.httpx import (
+    ShardedAsyncClient,
+    ShardedAsyncTransport,
+    ShardedClient,
+    ShardedTransport,
+)
 from model_concurrency.integrations.openai import wrap
 
 
@@ -74,7 +80,7 @@ def test_a_streamed_response_holds_its_place_until_read_or_closed(emu: RunningEm
             response = await client.get("/metrics")
             seen.append(sum(client.sharded.in_use))
             assert response.status_code == 200
-            assert sorted(client.sharded._free) == [0, 1, 2, 3]  # every pool has room again
+            assert sorted(client.sharded.placement.free) == [0, 1, 2, 3]  # every pool has room again
         return seen
 
     assert asyncio.run(main()) == [2, 1, 0, 0]
@@ -114,6 +120,26 @@ def test_the_openai_client_takes_it_and_wrap_uses_it_by_default(emu: RunningEmul
     assert isinstance(inner, ShardedAsyncTransport) and inner.connections >= 1000
 
 
+def test_the_blocking_client_from_pool_threads(emu: RunningEmulator) -> None:
+    register_model("sharded-sync", base_url=None, max_parallel_calls=12)
+    with ShardedClient(base_url=emu.base_url, timeout=30, connections=8) as client:
+
+        def one(i: int) -> int:
+            response = client.post("/embeddings", json={"model": emu.model, "input": f"t{i}"})
+            return len(response.json()["data"][0]["embedding"])
+
+        sizes = map_concurrent_sync(range(60), one, model="sharded-sync")  # 12 threads over 8 connections
+        assert len(set(sizes)) == 1 and len(sizes) == 60
+        assert sum(client.sharded.in_use) == 0 and sorted(client.sharded.placement.free) == list(range(8))
+        assert 1 <= sum(len(shard._pool.connections) for shard in client.sharded.shards) <= 8
+    assert sum(len(shard._pool.connections) for shard in client.sharded.shards) == 0
+    wrapped = wrap(openai.OpenAI(base_url=emu.base_url, api_key="k"))
+    inner = wrapped._client._transport.inner  # type: ignore[attr-defined]
+    assert isinstance(inner, ShardedTransport) and inner.connections >= 1000
+    assert len(wrapped.embeddings.create(model=emu.model, input="x").data) == 1
+    wrapped.close()
+
+
 def test_arguments() -> None:
     with pytest.raises(ValueError, match="connections"):
         ShardedAsyncTransport(connections=0)
@@ -125,6 +151,8 @@ def test_arguments() -> None:
     assert client.sharded.connections == 48 and len(client.sharded.shards) == 3
     assert ShardedAsyncTransport(connections=3, per_shard=16).connections == 3  # never more pools than needed
     asyncio.run(client.aclose())
+    with pytest.raises(TypeError, match="transport"):
+        ShardedClient(transport=httpx.HTTPTransport())
 
 
 async def _serve(handler: object, ssl_context: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
@@ -139,7 +167,8 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         except (asyncio.IncompleteReadError, ConnectionError):
             break
         path = head.split(b" ", 2)[1]
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(path), path))
+        body = b"x" * (3 << 20) if path == b"/big" else path  # 3 MiB: past the backend's read high-water mark
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
     writer.close()
 
@@ -169,6 +198,12 @@ def test_asyncio_network_over_tls_and_its_timeouts(tmp_path: Path) -> None:
         async with ShardedAsyncClient(verify=client_context, connections=4, per_shard=2, timeout=0.2) as client:
             got = await asyncio.gather(*(client.get(f"https://127.0.0.1:{tls_port}/p{i}") for i in range(10)))
             assert [r.text for r in got] == [f"/p{i}" for i in range(10)]
+            async with client.stream("GET", f"https://127.0.0.1:{tls_port}/big", timeout=30) as big:
+                size = 0
+                async for chunk in big.aiter_raw():
+                    size += len(chunk)
+                    await asyncio.sleep(0)  # a consumer slower than loopback
+            assert size == 3 << 20
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(f"http://127.0.0.1:{silent_port}/")
             call = asyncio.ensure_future(client.get(f"http://127.0.0.1:{silent_port}/", timeout=30))

@@ -1,6 +1,8 @@
 """The CLI's HTTP client: the public :class:`~model_concurrency.integrations.client.ShardedAsyncClient`.
 
-``ShardedClient`` stays as the old private name; ``connections`` and ``timeout`` keep their old defaults.
+``ShardedClient`` here is the old private name (an async client, unlike the public blocking
+:class:`~model_concurrency.integrations.client.ShardedClient`); ``connections`` and ``timeout`` keep their old
+defaults.
 """
 
 from __future__ import annotations

@@ -74,7 +74,10 @@ class WorkerPool:
             with self._lock:
                 self.threads -= 1
                 self._ready -= 1
-                self._jobs.remove(job)
+                try:
+                    self._jobs.remove(job)
+                except ValueError:  # a thread between jobs took it meanwhile: it runs, so the submit succeeded
+                    return
             raise
 
     def _serve(self) -> None:

@@ -21,19 +21,37 @@ from httpcore._utils import is_socket_readable
 __all__ = ["AsyncioBackend"]
 
 
+# Past this many unread bytes the socket stops being read (a slow consumer of a long stream), until half is read.
+_HIGH_WATER = 1 << 20
+
+
 class _Protocol(asyncio.Protocol):
     """Received bytes wait in a buffer; a reader waits on a future; writes pause with the transport's buffer."""
 
     def __init__(self) -> None:
+        self.transport: asyncio.BaseTransport | None = None
+        self.paused = False
         self.buffer = bytearray()
         self.waiter: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None
         self.eof = False
         self.error: BaseException | None = None
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        if len(self.buffer) > _HIGH_WATER and not self.paused and isinstance(self.transport, asyncio.ReadTransport):
+            self.paused = True
+            self.transport.pause_reading()
         self._wake()
+
+    def consumed(self) -> None:
+        """After a read: resume reading the socket once the buffer has drained to half the high-water mark."""
+        if self.paused and len(self.buffer) <= _HIGH_WATER // 2 and isinstance(self.transport, asyncio.ReadTransport):
+            self.paused = False
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -98,6 +116,7 @@ class _Stream(AsyncNetworkStream):
         if protocol.buffer:
             data = bytes(protocol.buffer[:max_bytes])
             del protocol.buffer[:max_bytes]
+            protocol.consumed()
             return data
         if protocol.error is not None:
             raise httpcore.ReadError(str(protocol.error)) from protocol.error

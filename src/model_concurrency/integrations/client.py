@@ -23,26 +23,101 @@ as ``http_client``::
     openai.AsyncOpenAI(base_url=url, api_key=key, http_client=ShardedAsyncClient(timeout=60))
 
 Size ``connections`` at or above the most calls you will have in flight (the model's ceiling); beyond it requests
-wait in the pools, as with httpx's ``max_connections``.
+wait in the pools, as with httpx's ``max_connections``. :class:`ShardedClient` / :class:`ShardedTransport` are the
+same for ``httpx.Client`` (thread fan-outs, ``OpenAI``), with a lock around the choice of pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 
 from model_concurrency.integrations._net import AsyncioBackend
 
-__all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_PER_SHARD", "ShardedAsyncClient", "ShardedAsyncTransport"]
+__all__ = [
+    "DEFAULT_CONNECTIONS",
+    "DEFAULT_PER_SHARD",
+    "ShardedAsyncClient",
+    "ShardedAsyncTransport",
+    "ShardedClient",
+    "ShardedTransport",
+]
 
 DEFAULT_CONNECTIONS = 1024
 # httpcore walks its connections once per connection on each request (O(n²)) and checks each for expiry, so the
 # smallest pool is the cheapest: at 512 in flight benchmarks/client.py measured pools of 1 ahead of 2, 4 and 8 (and
 # a pool per connection costs ~10 µs to create, 11 ms for 1,024).
 DEFAULT_PER_SHARD = 1
+
+
+class _Placement:
+    """Which pool a request goes to: one with a free connection (the last freed), else the least loaded."""
+
+    def __init__(self, pools: int, per_pool: int, lock: contextlib.AbstractContextManager[Any]) -> None:
+        self.per_pool = per_pool
+        self.in_use = [0] * pools  # requests each pool holds (sent, response not yet closed)
+        # Pools with a free connection, most recently freed on top (its connection is warm); pool 0 first.
+        self.free = list(range(pools - 1, -1, -1))
+        self._lock = lock
+
+    def pick(self) -> int:
+        in_use = self.in_use
+        with self._lock:
+            if self.free:
+                index = self.free[-1]
+                if in_use[index] + 1 >= self.per_pool:
+                    self.free.pop()
+            else:
+                index = min(range(len(in_use)), key=in_use.__getitem__)
+            in_use[index] += 1
+        return index
+
+    def done(self, index: int) -> None:
+        with self._lock:
+            self.in_use[index] -= 1
+            if self.in_use[index] == self.per_pool - 1:  # it was full: it has room again
+                self.free.append(index)
+
+
+def _pools(
+    factory: Callable[..., Any],
+    connections: int,
+    per_shard: int,
+    verify: ssl.SSLContext | str | bool,
+    cert: Any,
+    trust_env: bool,
+    keepalive_expiry: float | None,
+    kwargs: dict[str, Any],
+) -> list[Any]:
+    """``connections`` split into transports of ``per_shard`` connections that share one SSL context."""
+    if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
+        raise ValueError(f"connections must be an int >= 1, got {connections!r}")
+    if isinstance(per_shard, bool) or not isinstance(per_shard, int) or per_shard < 1:
+        raise ValueError(f"per_shard must be an int >= 1, got {per_shard!r}")
+    per_shard = min(per_shard, connections)
+    # One SSL context for every pool: building one per pool would load the CA bundle once per pool.
+    context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify, cert, trust_env)
+    limits = httpx.Limits(
+        max_connections=per_shard, max_keepalive_connections=per_shard, keepalive_expiry=keepalive_expiry
+    )
+    count = -(-connections // per_shard)
+    return [factory(verify=context, trust_env=trust_env, limits=limits, **kwargs) for _ in range(count)]
+
+
+def _client_args(
+    connections: int | None, limits: httpx.Limits | None, kwargs: dict[str, Any]
+) -> tuple[int, float | None]:
+    """(connections, keep-alive expiry) for a client, from ``connections`` or a drop-in ``limits``."""
+    if "transport" in kwargs:
+        raise TypeError("a sharded client builds its own transport; use httpx's client to pass one")
+    if connections is None:
+        connections = (limits.max_connections if limits is not None else None) or DEFAULT_CONNECTIONS
+    return connections, (limits.keepalive_expiry if limits is not None else 5.0)
 
 
 class _Held(httpx.AsyncByteStream):
@@ -67,13 +142,33 @@ class _Held(httpx.AsyncByteStream):
                 done()
 
 
+class _HeldSync(httpx.SyncByteStream):
+    """The blocking form of :class:`_Held`."""
+
+    __slots__ = ("_done", "_inner")
+
+    def __init__(self, inner: httpx.SyncByteStream, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done: Callable[[], None] | None = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._inner
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            done, self._done = self._done, None
+            if done is not None:
+                done()
+
+
 class ShardedAsyncTransport(httpx.AsyncBaseTransport):
     """``connections`` spread over pools of ``per_shard``; other keywords go to each ``httpx.AsyncHTTPTransport``.
 
     ``asyncio_network`` (default): connections run on asyncio's own transports (:mod:`._net`) rather than anyio's
     streams, which cost more CPU per read and write. Pools are created up front but open connections only when
-    used. Like any httpx async transport it belongs to
-    one event loop at a time (the counts are not locked).
+    used. Like any httpx async transport it belongs to one event loop at a time (the counts are not locked).
     """
 
     def __init__(
@@ -88,61 +183,36 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
         asyncio_network: bool = True,
         **transport_kwargs: Any,
     ) -> None:
-        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
-            raise ValueError(f"connections must be an int >= 1, got {connections!r}")
-        if isinstance(per_shard, bool) or not isinstance(per_shard, int) or per_shard < 1:
-            raise ValueError(f"per_shard must be an int >= 1, got {per_shard!r}")
-        per_shard = min(per_shard, connections)
-        shards = -(-connections // per_shard)
-        # One SSL context for every pool: building one per pool would load the CA bundle once per pool.
-        context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify, cert, trust_env)
-        limits = httpx.Limits(
-            max_connections=per_shard, max_keepalive_connections=per_shard, keepalive_expiry=keepalive_expiry
-        )
-        self.per_shard = per_shard
-        self.shards: list[httpx.AsyncHTTPTransport] = [
-            httpx.AsyncHTTPTransport(verify=context, trust_env=trust_env, limits=limits, **transport_kwargs)
-            for _ in range(shards)
-        ]
+        self.shards: list[httpx.AsyncHTTPTransport] = _pools(
+            httpx.AsyncHTTPTransport, connections, per_shard, verify, cert, trust_env, keepalive_expiry,
+            transport_kwargs,
+        )  # fmt: skip
         if asyncio_network:  # httpcore's pools take a backend but httpx's transport does not pass one through
             backend = AsyncioBackend()
             for shard in self.shards:
                 shard._pool._network_backend = backend
-        self.in_use = [0] * shards  # requests each pool holds (sent, response not yet closed)
-        # Pools with a free connection, most recently freed on top (its connection is warm); pool 0 first.
-        self._free = list(range(shards - 1, -1, -1))
+        self.per_shard = min(per_shard, connections)
+        self.placement = _Placement(len(self.shards), self.per_shard, contextlib.nullcontext())
 
     @property
     def connections(self) -> int:
         return self.per_shard * len(self.shards)
 
-    def _pick(self) -> int:
-        """A pool with a free connection (the last freed); if every pool is full, the least loaded one."""
-        in_use = self.in_use
-        if self._free:
-            index = self._free[-1]
-            in_use[index] += 1
-            if in_use[index] >= self.per_shard:
-                self._free.pop()
-            return index
-        index = min(range(len(in_use)), key=in_use.__getitem__)
-        in_use[index] += 1
-        return index
-
-    def _done(self, index: int) -> None:
-        self.in_use[index] -= 1
-        if self.in_use[index] == self.per_shard - 1:  # it was full: it has room again
-            self._free.append(index)
+    @property
+    def in_use(self) -> list[int]:
+        """Requests each pool holds now."""
+        return self.placement.in_use
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        index = self._pick()
+        placement = self.placement
+        index = placement.pick()
         try:
             response = await self.shards[index].handle_async_request(request)
         except BaseException:
-            self._done(index)
+            placement.done(index)
             raise
         assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _Held(response.stream, lambda: self._done(index))
+        response.stream = _Held(response.stream, lambda: placement.done(index))
         return response
 
     async def aclose(self) -> None:
@@ -151,6 +221,54 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
 
     def __repr__(self) -> str:
         return f"ShardedAsyncTransport(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
+
+
+class ShardedTransport(httpx.BaseTransport):
+    """The blocking form of :class:`ShardedAsyncTransport`, for ``httpx.Client``; safe across threads."""
+
+    def __init__(
+        self,
+        *,
+        connections: int = DEFAULT_CONNECTIONS,
+        per_shard: int = DEFAULT_PER_SHARD,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        keepalive_expiry: float | None = 5.0,
+        **transport_kwargs: Any,
+    ) -> None:
+        self.shards: list[httpx.HTTPTransport] = _pools(
+            httpx.HTTPTransport, connections, per_shard, verify, cert, trust_env, keepalive_expiry, transport_kwargs
+        )
+        self.per_shard = min(per_shard, connections)
+        self.placement = _Placement(len(self.shards), self.per_shard, threading.Lock())
+
+    @property
+    def connections(self) -> int:
+        return self.per_shard * len(self.shards)
+
+    @property
+    def in_use(self) -> list[int]:
+        return self.placement.in_use
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        placement = self.placement
+        index = placement.pick()
+        try:
+            response = self.shards[index].handle_request(request)
+        except BaseException:
+            placement.done(index)
+            raise
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream = _HeldSync(response.stream, lambda: placement.done(index))
+        return response
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+    def __repr__(self) -> str:
+        return f"ShardedTransport(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
 
 
 class ShardedAsyncClient(httpx.AsyncClient):
@@ -172,20 +290,34 @@ class ShardedAsyncClient(httpx.AsyncClient):
         asyncio_network: bool = True,
         **kwargs: Any,
     ) -> None:
-        if "transport" in kwargs:
-            raise TypeError("ShardedAsyncClient builds its own transport; use httpx.AsyncClient to pass one")
-        if connections is None:
-            connections = (limits.max_connections if limits is not None else None) or DEFAULT_CONNECTIONS
-        expiry = limits.keepalive_expiry if limits is not None else 5.0
+        connections, expiry = _client_args(connections, limits, kwargs)
         transport = ShardedAsyncTransport(
-            connections=connections,
-            per_shard=per_shard,
-            verify=verify,
-            cert=cert,
-            trust_env=trust_env,
-            keepalive_expiry=expiry,
-            asyncio_network=asyncio_network,
-            http2=http2,
-        )
+            connections=connections, per_shard=per_shard, verify=verify, cert=cert, trust_env=trust_env,
+            keepalive_expiry=expiry, asyncio_network=asyncio_network, http2=http2,
+        )  # fmt: skip
+        super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
+        self.sharded = transport
+
+
+class ShardedClient(httpx.Client):
+    """An ``httpx.Client`` on a :class:`ShardedTransport` (every other keyword is httpx's own)."""
+
+    def __init__(
+        self,
+        *,
+        connections: int | None = None,
+        per_shard: int = DEFAULT_PER_SHARD,
+        limits: httpx.Limits | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http2: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        connections, expiry = _client_args(connections, limits, kwargs)
+        transport = ShardedTransport(
+            connections=connections, per_shard=per_shard, verify=verify, cert=cert, trust_env=trust_env,
+            keepalive_expiry=expiry, http2=http2,
+        )  # fmt: skip
         super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
         self.sharded = transport

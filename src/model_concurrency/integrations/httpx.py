@@ -11,7 +11,8 @@ streams. A response with status >= 400 is a failed call, classified by its statu
 outage too (the call's exception passes through the slot).
 
 :class:`ShardedAsyncClient` / :class:`ShardedAsyncTransport` (from :mod:`.client`): an ``httpx.AsyncClient`` whose
-per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call).
+per-call cost stays flat at hundreds of calls in flight (one pool of N connections costs O(N) per call);
+:class:`ShardedClient` / :class:`ShardedTransport` for ``httpx.Client``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ import httpx
 
 from model_concurrency.config import registered_models
 from model_concurrency.gate.slot import slot
-from model_concurrency.integrations.client import ShardedAsyncClient, ShardedAsyncTransport
+from model_concurrency.integrations.client import (
+    ShardedAsyncClient,
+    ShardedAsyncTransport,
+    ShardedClient,
+    ShardedTransport,
+)
 
 __all__ = [
     "AsyncSlotTransport",
     "ShardedAsyncClient",
     "ShardedAsyncTransport",
+    "ShardedClient",
+    "ShardedTransport",
     "SlotTransport",
     "model_of_request",
     "registry_key",

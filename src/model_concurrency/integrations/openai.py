@@ -21,7 +21,7 @@ from typing import Any, cast, overload
 import httpx
 
 from model_concurrency.extras import raise_missing
-from model_concurrency.integrations.client import ShardedAsyncTransport
+from model_concurrency.integrations.client import ShardedAsyncTransport, ShardedTransport
 from model_concurrency.integrations.httpx import AsyncSlotTransport, SlotTransport
 
 try:
@@ -32,7 +32,8 @@ except ModuleNotFoundError as exc:  # the [openai] extra
 __all__ = ["wrap"]
 
 # The OpenAI SDK's own connection limits: httpx's default of 100 connections would queue a fan-out beyond that
-# in the pool, where no limiter sees it.
+# in the pool, where no limiter sees it. Only max_connections is used now: the wrapped clients send through sharded
+# transports (integrations/client.py), since one pool of 1,000 costs the caller O(connections) per request.
 CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 
@@ -71,7 +72,7 @@ def wrap(
     if isinstance(client, openai.OpenAI):
         if transport is not None and not isinstance(transport, httpx.BaseTransport):
             raise TypeError("an OpenAI client needs an httpx.BaseTransport")
-        inner = transport or httpx.HTTPTransport(limits=CONNECTION_LIMITS)
+        inner = transport or ShardedTransport(connections=CONNECTION_LIMITS.max_connections or 1000)
         http = httpx.Client(
             transport=SlotTransport(inner, model=model), timeout=_timeout(client), follow_redirects=True
         )
