@@ -43,3 +43,17 @@ def test_the_checker_sees_a_circle_and_a_back_arrow() -> None:
     }
     assert graph.circles(made_up) == [["model_concurrency.observation", "model_concurrency.runtime"]]
     assert graph.back_arrows(made_up) == [("model_concurrency.observation", "model_concurrency.runtime")]
+
+
+def test_a_module_over_400_lines_says_why_at_its_top() -> None:
+    """A long module is a choice to be read: its docstring says why, in a paragraph right after its first line."""
+    src = SCRIPT.parent.parent / "src" / "model_concurrency"
+    unexplained = []
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") <= 400:
+            continue
+        paragraphs = text.split('"""', 2)[1].split("\n\n") if text.startswith('"""') else []
+        if len(paragraphs) < 2 or not (paragraphs[1].startswith("(") and "400 lines" in paragraphs[1]):
+            unexplained.append(str(path.relative_to(src)))
+    assert unexplained == []

@@ -1,5 +1,8 @@
 """Live subcommands: ``emulate`` (a vLLM emulator), ``run`` (an adaptive embedding fan-out), ``watch`` (a table).
 
+(Over 400 lines: three subcommands and their argument parsers; each is short, and they share the HTTP and output
+helpers.)
+
 They exist so every live path can be exercised without a GPU: ``emulate`` serves vLLM's API and ``/metrics`` from
 the engine model, ``run`` drives real HTTP through ``map_concurrent`` and the adaptive controller and shows how
 the target moved, and ``watch`` shows what each registered model's controller sees, refreshed every poll.

@@ -1,5 +1,8 @@
 """One vLLM V1 engine core on SimPy: the public API and the loop of continuous-batching steps.
 
+(Over 400 lines: the step loop and the public API share the engine's hot-path state; the layers below it are split
+out already.)
+
 The engine is three layers, each readable on its own: :mod:`.bookkeeping` (queues, running set, KV blocks, the
 decode aggregates that make a step O(prefills + admissions + finishes), and how a request finishes),
 :mod:`.scheduler` (which requests run in the next step, as vLLM V1 decides) and :mod:`.steptime` (how long the

@@ -1,5 +1,8 @@
 """Servers (one ``/metrics`` page, several engine cores) and fleets of replicas behind a balancer.
 
+(Over 400 lines: Server and Fleet share the balancer's hot path and the page cache; split, each would reach into the
+other.)
+
 * :class:`Server` is one ``vllm serve`` process: an API front-end (a FIFO of per-request CPU work, see
   :class:`~model_concurrency.engine.steptime.FrontEndCost`) feeding one or more engine cores labelled "0", "1", ...
   through vLLM's data-parallel router (least ``4 × waiting + running``, or round-robin). It renders one page.

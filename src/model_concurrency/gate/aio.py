@@ -1,5 +1,8 @@
 """The asyncio front of the gate: ``map_concurrent`` and ``imap_concurrent``.
 
+(Over 400 lines: map_concurrent and imap_concurrent with their typed overloads (a third of the file), workers,
+deadlines and retries.)
+
 A fan-out is a handful of worker tasks, never a task per item: each worker pulls the next item, takes a slot of
 the model's limiter, runs ``fn`` inline, releases in ``finally`` and records the outcome. So a generator of a
 million items is pulled one item per free worker, and pending work is bounded by the number of workers, which

@@ -1,5 +1,8 @@
 """Fan-out clients on simulated time: the production model runtime's parts behind a SimPy front-end.
 
+(Over 400 lines: the simulated twin of map_concurrent, slot and the call recorder in one place, so the lab's client
+cannot drift from the live path piece by piece.)
+
 Nothing here re-implements a decision or a poll. A :class:`SimClient` is the simulated twin of ``map_concurrent``
 on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_concurrency.controller.ControllerCore`,
 :class:`~model_concurrency.gate.limiter.LimiterCore`, :class:`~model_concurrency.gate.limiter.UsageMeter` and

@@ -1,5 +1,8 @@
 """The scenario generator: workloads nobody tuned a policy to, drawn at random, judged as a distribution.
 
+(A little over 400 lines: the draw's ranges, the budget that keeps each draw's oracle affordable and the
+distribution's summary line are one contract with the issue that asked for them.)
+
 A rule that helps one named scenario is not evidence; a distribution of workloads is. :func:`draw_scenario` draws
 one scenario from a seed and an index, using only the scenario TOML schema (:mod:`.scenario`), so every draw is a
 file that ``model-concurrency sim`` re-runs bit for bit. :func:`run_fuzz` draws ``n`` of them and runs every draw ×

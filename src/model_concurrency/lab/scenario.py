@@ -1,5 +1,8 @@
 """Scenarios: a fleet, a workload, fan-out clients and a timeline of events, read from a TOML file.
 
+(Over 400 lines: the TOML schema's dataclasses and their validation, one per table, kept with the loader that checks
+them.)
+
 A scenario is data, so adding one is adding a file under ``sims/``; nothing in the lab special-cases a name.
 Every scenario carries its seed, so a run is reproducible bit for bit. ``scale`` shortens a run (tests and
 notebooks use it): durations and event times are multiplied by it, engine and workload sizes are not.

@@ -1,5 +1,8 @@
 """Adaptive: AIMD that remembers where the engine saturated, adds gently below it, and probes above it.
 
+(Over 400 lines: the production default's rules, each with the scenario that earned it; the small rebuild is
+policies/core.py.)
+
 The lab measured the production AIMD on an idle engine (``ramp``) oscillating 222 ↔ 277 around the engine's
 256 sequences: after every cut a +25 % step overshoots again, so the engine queues every other poll and the p99
 queue time is several times the oracle's; and with four clients its growth in proportion to the target, like its
