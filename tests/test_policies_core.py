@@ -73,18 +73,22 @@ def test_the_cut_is_graded_by_how_saturated_the_interval_was() -> None:
     assert core().saturation(busy(100, preemptions=30.0)) == 0.3
 
 
-def test_growth_at_the_wall_is_one_step_per_round_trip() -> None:
+def test_under_the_wall_half_the_gap_and_at_it_one_step_per_round_trip() -> None:
     policy = core()
     policy.next_target(100, busy(100, running=200.0, waiting_capacity=2.0, time=0.0))  # a wall at 200 running
-    # 300 calls came back from 100 in flight: three round trips, +3; our share of the wall is 100 + 0.5 x 0 ...
-    obs = busy(100, running=150.0, inflight_mean=100.0, client_calls=300, time=12.0)
-    # ... share 100/150 of the engine, wall share 100 + (2/3) x (200 - 150) = 133.3: room for the step.
-    assert policy.next_target(100, obs) == 103
-    # A one-step engine turns over hundreds of times a poll: the step is at most 25 % of the target.
-    assert policy.next_target(100, dataclasses.replace(obs, client_calls=90_000)) == 125
-    # At our share of the wall: one step, the probe that finds a raised limit.
+    # Room on the engine (150 running): our share of the wall is 100 + (100/150) x (200 - 150) = 133.3; half the gap.
+    room = busy(100, running=150.0, inflight_mean=100.0, client_calls=300, time=12.0)
+    assert policy.next_target(100, room) == pytest.approx(100 + 0.5 * (100 + 100 / 150 * 50 - 100))
+    # At the wall: 300 calls came back from 100 in flight, three round trips: +3.
     at_wall = busy(100, running=200.0, inflight_mean=100.0, client_calls=300, time=24.0)
-    assert policy.next_target(100, at_wall) == 101
+    assert policy.next_target(100, at_wall) == 103
+    # A one-step engine turns over hundreds of times a poll: the step is at most 25 % of the target.
+    assert policy.next_target(100, dataclasses.replace(at_wall, client_calls=90_000)) == 125
+    # A queue that made nobody wait, while the engine took our step: an admission in progress, not a wall.
+    fresh = core()
+    fresh.next_target(100, busy(100, running=100.0, time=0.0))
+    admitting = busy(160, running=150.0, waiting_capacity=10.0, queue_waits=(*WAITS[:1], (float("inf"), 12.0)))
+    assert fresh.next_target(160, admitting) == 160 and fresh.wall(0.0) is None
 
 
 def test_far_below_a_verified_level_it_restores_half_the_gap() -> None:

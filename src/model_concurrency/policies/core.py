@@ -14,10 +14,9 @@ Four rules, each read from the interval since the previous poll rather than from
   shares (Chiu & Jain). A cut remembers where it landed as the good level ``W``.
 * **Growth paced by turnover**: TCP adds one segment per round trip; here ``step`` per round trip of our calls,
   and a poll holds ``client_calls / inflight_mean`` of them. Short calls polled slowly climb fast, long ones
-  slowly, and every client of one engine (same round trip) takes the same absolute step. Below ``W`` (after the
-  fail-safe's floor, a neighbour's departure) the target closes ``restore_gain`` of the gap a poll instead.
-  "Far below" is under ``(1 − cut_gain) ×`` our share of the knee (or ``W`` while the knee is unknown): lower
-  than any cut takes us.
+  slowly, and every client of one engine (same round trip) takes the same absolute step. Below a level that was
+  verified (``W``, after the fail-safe's floor; our share of the wall, when a neighbour or a tenant left room)
+  the target closes ``restore_gain`` of the gap a poll instead.
   Growth is capped where KV usage would reach ``kv_high``, and where the knee puts our share.
 * **The knee** (``knee``): the engine's concurrency limit in sequences, the smaller of the KV cache's (``running
   × kv_high / kv_usage``: blocks per sequence from usage over running) and the largest ``running`` seen with a
@@ -255,15 +254,16 @@ class AdaptiveCore(PolicyBase):
         return cut
 
     def _grow(self, target: float, obs: Observation) -> float:
-        """Multiplicative toward the KV knee while no wall is known, a step per round trip at the wall, and a
-        restore when far below a level that was verified (``W`` or our share of the wall)."""
+        """Half the gap to a level that was verified (``W``, our share of the wall), multiplicative toward the KV
+        knee while no wall is known, and a step per round trip at the wall."""
         wall, by_kv = self.knee(obs)
         at_wall, kv_bound = self.share_of(obs, wall), self.share_of(obs, by_kv)
-        verified = max(self.good or 0.0, at_wall if wall is not None else 0.0)
-        if target < (1 - self.cut_gain) * verified:
-            # Far under a level the engine ran (the fail-safe's floor, a neighbour gone): no cut took us this low.
-            self.rule = f"restore toward {verified:.1f}"
-            return max(target, min(target + self.restore_gain * (verified - target), kv_bound))
+        goal = max(self.good or 0.0, at_wall if wall is not None else 0.0)
+        if target + self.step < goal:
+            # Under a level the engine ran (W: the fail-safe's floor), or under our share of the wall with room on
+            # the engine (a neighbour gone, a background tenant left): close ``restore_gain`` of the gap a poll.
+            self.rule = f"restore toward {goal:.1f}"
+            return max(target, min(target + self.restore_gain * (goal - target), kv_bound))
         if wall is None:
             # No wall met yet: the KV cache is the only knee, an upper bound; the first ramp doubles toward it, later
             # probes grow by ``max_step`` a poll (the wall may sit anywhere below it).
@@ -275,5 +275,6 @@ class AdaptiveCore(PolicyBase):
             return max(target, grown)
         increase = min(self.step * max(1.0, self.turnover(obs)), self.max_step * target)
         self.rule = f"increase +{increase:.2f} (wall share {at_wall:.1f})"
-        # At the wall the step is one round trip's: the probe that finds a raised limit, no more.
-        return max(target, min(target + increase, max(at_wall, target + self.step), kv_bound))
+        # At the wall: TCP's +1 a round trip, the same for every client of the engine, the probe that finds a
+        # raised limit; the graded cut answers what it queues.
+        return max(target, min(target + increase, kv_bound))
