@@ -22,6 +22,7 @@ from model_concurrency.hooks import aresolve_capacity, controller_for
 from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.scrape import ScrapeLimits
 from servers import Behaviour, EngineState, MetricsServer, metrics_server, vllm_page
+from test_original_names import ORIGINAL_KEYS
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 OTHER = "BAAI/bge-m3"
@@ -103,18 +104,7 @@ def test_hooks_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
         assert resolve_capacity("llama") == 4  # not near-full: inflight is 0, hold at the floor
         util = get_utilization("llama")
         assert util["metrics_ok"] is True and util["running"] == 3 and util["metrics_url"] == f"{server.url}/metrics"
-        for key in (
-            "model",
-            "running",
-            "waiting_capacity",
-            "current_target",
-            "floor",
-            "ceiling",
-            "metrics_ok",
-            "saturated",
-            "last_poll",
-            "metrics_url",
-        ):
+        for key in ("model", *ORIGINAL_KEYS):
             assert key in util
         assert resolve_capacity("unknown-model") == 1
 

@@ -14,19 +14,9 @@ from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
 from model_concurrency.signals.source import ClientOnlySource
 from model_concurrency.state import RuntimeState
 from servers import Behaviour, EngineState, metrics_server, vllm_page
+from test_original_names import ORIGINAL_KEYS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "model_concurrency"
-ORIGINAL_KEYS = (
-    "running",
-    "waiting_capacity",
-    "current_target",
-    "floor",
-    "ceiling",
-    "metrics_ok",
-    "saturated",
-    "last_poll",
-    "metrics_url",
-)
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["add_study_arguments", "register", "study_policies"]
 
 # The default policy first, then the alternatives it was chosen over.
 DEFAULT_POLICIES = "adaptive,aimd,seed-aimd,aimd-slowstart,capacity"
@@ -22,13 +22,7 @@ def register(subparsers: Any) -> None:
         nargs="+",
         help="scenario TOML files or bundled scenario names (model-concurrency list), e.g. sims/*.toml or ramp",
     )
-    p.add_argument(
-        "--policies",
-        default=DEFAULT_POLICIES,
-        help=f"comma-separated policy names, presets, .toml paths or module:Class (default {DEFAULT_POLICIES})",
-    )
-    p.add_argument("--scale", type=float, default=1.0, help="shorten every run: multiply durations by this (0-1]")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: the number of CPUs)")
+    add_study_arguments(p, DEFAULT_POLICIES)
     p.add_argument("--out", type=Path, default=Path("out/compare"), help="folder for the table and plots")
     p.add_argument("--no-plot", action="store_true", help="skip the grid of plots")
     p.add_argument("--dpi", type=int, default=80, help="resolution of the plot grid (default 80)")
@@ -36,16 +30,35 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from model_concurrency.cli._output import print_table, progress_bar
-    from model_concurrency.lab.compare import COLUMNS, run_study, write_csv, write_grid, write_markdown
-    from model_concurrency.lab.scenario import load_scenario
+def add_study_arguments(p: argparse.ArgumentParser, default_policies: str) -> None:
+    """The options every study of scenarios × policies takes (``compare``, ``fuzz``)."""
+    p.add_argument(
+        "--policies",
+        default=default_policies,
+        help=f"comma-separated policy names, presets, .toml paths or module:Class (default {default_policies})",
+    )
+    p.add_argument("--scale", type=float, default=1.0, help="shorten every run: multiply durations by this (0-1]")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: the number of CPUs)")
 
+
+def study_policies(args: argparse.Namespace) -> list[str]:
+    """The policies a study names, after checking the options :func:`add_study_arguments` added."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies names no policy")
     if args.jobs is not None and args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    if not 0 < args.scale <= 1:
+        raise ValueError("--scale must be in (0, 1]")
+    return policies
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_concurrency.cli._output import print_table, progress_bar
+    from model_concurrency.lab.compare import COLUMNS, run_study, write_csv, write_grid, write_markdown
+    from model_concurrency.lab.scenario import load_scenario
+
+    policies = study_policies(args)
     scenarios = [load_scenario(path).scaled(args.scale) for path in args.scenarios]
     total = len(scenarios) * (len(policies) + 1)  # each scenario's oracle, then its pairs
     with progress_bar(total, "compare", enabled=not args.quiet, unit="runs") as update:

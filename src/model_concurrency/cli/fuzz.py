@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from model_concurrency.cli.compare import add_study_arguments, study_policies
+
 __all__ = ["register"]
 
 DEFAULT_POLICIES = "adaptive"
@@ -23,13 +25,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--n", type=int, required=True, help="how many scenarios to draw")
     p.add_argument("--seed", type=int, default=0, help="the draw's seed (the same seed draws the same scenarios)")
-    p.add_argument(
-        "--policies",
-        default=DEFAULT_POLICIES,
-        help=f"comma-separated policy names, presets, .toml paths or module:Class (default {DEFAULT_POLICIES})",
-    )
-    p.add_argument("--scale", type=float, default=1.0, help="shorten every run: multiply durations by this (0-1]")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: the number of CPUs)")
+    add_study_arguments(p, DEFAULT_POLICIES)
     p.add_argument("--out", type=Path, default=Path("out/fuzz"), help="folder for the table and the scenarios")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -40,15 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from model_concurrency.cli._output import progress_bar
     from model_concurrency.lab.fuzz import run_fuzz, worst_table
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise ValueError("--policies names no policy")
+    policies = study_policies(args)
     if args.n < 1:
         raise ValueError("--n must be >= 1")
-    if args.jobs is not None and args.jobs < 1:
-        raise ValueError("--jobs must be >= 1")
-    if not 0 < args.scale <= 1:
-        raise ValueError("--scale must be in (0, 1]")
     default = str(config.setting(*config.POLICY))
     with progress_bar(args.n * (len(policies) + 1), "fuzz", enabled=not args.quiet, unit="runs") as update:
         done = [0]

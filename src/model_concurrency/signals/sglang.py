@@ -21,6 +21,7 @@ SGLang                                       snapshot field
 ``sglang:num_requests_total``                ``success_total`` (requests finished, counted by the tokenizer)
 ``sglang:generation_tokens_total``           ``generation_tokens_total``
 ``sglang:queue_time_seconds_{sum,count}``    ``queue_time_{sum,count}_total``
+``sglang:queue_time_seconds_bucket``         ``queue_time_buckets`` (the interval's queue waits)
 ===========================================  ==================================================================
 
 **Ranks are not engines.** With tensor (or pipeline, or expert) parallelism several ranks run one scheduler, and
@@ -45,9 +46,11 @@ from model_concurrency.signals.saturation import EngineLoads
 from model_concurrency.signals.vllm import (
     MAX_PLAUSIBLE,
     MetricsError,
+    add_queue_bucket,
     check_plausible,
     metric_samples,
     parse_vllm_metrics,
+    queue_buckets,
 )
 
 __all__ = ["SGLANG_RANK_LABELS", "parse_metrics_page", "parse_sglang_metrics"]
@@ -62,9 +65,13 @@ FINISHED = "sglang:num_requests_total"
 GENERATION = "sglang:generation_tokens_total"
 QUEUE_SUM = "sglang:queue_time_seconds_sum"
 QUEUE_COUNT = "sglang:queue_time_seconds_count"
+QUEUE_BUCKET = "sglang:queue_time_seconds_bucket"
 _WANTED = frozenset(
-    {RUNNING, QUEUE, TOKEN_USAGE, USED_TOKENS, MAX_TOKENS, RETRACTED, FINISHED, GENERATION, QUEUE_SUM, QUEUE_COUNT}
-)
+    {
+        RUNNING, QUEUE, TOKEN_USAGE, USED_TOKENS, MAX_TOKENS, RETRACTED, FINISHED, GENERATION, QUEUE_SUM, QUEUE_COUNT,
+        QUEUE_BUCKET,
+    }
+)  # fmt: skip
 
 # Ranks inside one scheduler: they repeat its numbers (module docstring).
 SGLANG_RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank", "attn_cp_rank", "attn_dp_rank"})
@@ -107,6 +114,11 @@ def parse_sglang_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     def total(name: str) -> float | None:
         return sum(per[name].values()) if name in per else None
 
+    # The queue-time buckets per scheduler (``le`` is part of its key), summed over schedulers by bound: the same
+    # interval signal (how long the requests that left the queue waited) as a vLLM page's.
+    buckets: dict[float, float] = {}
+    for scheduler, count in per.get(QUEUE_BUCKET, {}).items():
+        add_queue_bucket(buckets, dict(scheduler), count)
     waiting = total(QUEUE) or 0.0
     pool = total(MAX_TOKENS)
     kv_tokens = int(pool) if pool else None
@@ -122,6 +134,7 @@ def parse_sglang_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         generation_tokens_total=total(GENERATION),
         queue_time_sum_total=total(QUEUE_SUM),
         queue_time_count_total=total(QUEUE_COUNT),
+        queue_time_buckets=queue_buckets(buckets),
         gateway_saturation=loads.score(),
     )
 
