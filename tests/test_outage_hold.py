@@ -62,9 +62,18 @@ def comes_up_later(url: str, after_s: float) -> Iterator[None]:
         timer.join(5)
 
 
+class HoldTarget:
+    """A policy that keeps whatever target it is given: the limit after an outage is then exactly the target it
+    had before, whenever a poll happens to fall (the default policy would grow a window our calls filled)."""
+
+    def next_target(self, target: float, obs: object) -> float:
+        return target
+
+
 def model(floor: int = 4) -> ModelRuntime:
     register_model("m", base_url=None, max_parallel_calls=floor)
-    runtime = install_runtime(ModelRuntime(runtime_for("m").spec, name="m", source=ClientOnlySource()))
+    spec = runtime_for("m").spec
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), policy=HoldTarget()))
     runtime.core.target_value = 16.0
     runtime.apply_limits()
     return runtime

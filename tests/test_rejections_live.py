@@ -159,4 +159,6 @@ def test_queue_cap_admits_up_to_the_cap() -> None:
 
         statuses = asyncio.run(main())
         assert set(statuses) == {200, 503}
-        assert statuses.count(200) >= 3  # one running plus two queued were admitted at least
+        # The two the queue holds are always admitted; a third when the first was already running as the rest
+        # arrived (the eight race the engine's first step, so it may not be).
+        assert statuses.count(200) >= 2
