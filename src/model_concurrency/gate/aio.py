@@ -1,7 +1,8 @@
 """The asyncio front of the gate: ``map_concurrent`` and ``imap_concurrent``.
 
-(Over 400 lines: map_concurrent and imap_concurrent with their typed overloads (a third of the file), workers,
-deadlines and retries.)
+(Over 400 lines: the worker tasks with their three ways of taking a slot, imap_concurrent's bounded stream, the
+hand-off of sync calls to threads, and the typed overloads of two public functions; the bookkeeping shared with
+map_concurrent_sync is in gate/fanout.py.)
 
 A fan-out is a handful of worker tasks, never a task per item: each worker pulls the next item, takes a slot of
 the model's limiter, runs ``fn`` inline, releases in ``finally`` and records the outcome. So a generator of a

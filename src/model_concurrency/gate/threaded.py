@@ -1,7 +1,5 @@
 """The thread front of the gate: ``map_concurrent_sync``.
 
-(Over 400 lines: the driver, the pool hand-off, deadlines, retries and the typed overloads of one public function.)
-
 The calling thread is the driver: it pulls one item, waits in the model's FIFO for a slot (or, with
 ``capacity=N``, for one of the call's own N permits, the model slot being counted without waiting), and hands
 the item to the model's worker pool. The job releases its slot as soon as ``fn`` returns, then settles the
