@@ -79,13 +79,13 @@ def _being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _post(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+def _post(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     if future.done():
         return
-    if ok:
-        future.set_result(value)
+    if exc is None:
+        future.set_result(result)
     else:
-        future.set_exception(value)
+        future.set_exception(exc)
 
 
 class _ThreadJob:
@@ -110,13 +110,12 @@ class _ThreadJob:
 
     def run(self) -> None:
         result, exc = call_holding(self.fn, self.value, self.holding)
-        ok, value = exc is None, result if exc is None else exc
         with self.lock:
             self.done = True
             detached = self.detached
         if not detached:
             try:
-                self.loop.call_soon_threadsafe(_post, self.future, ok, value)
+                self.loop.call_soon_threadsafe(_post, self.future, result, exc)
                 return
             except RuntimeError:  # the loop is gone; nobody else will release
                 pass
