@@ -206,11 +206,12 @@ class _SyncRun(Fanout):
     def _attempt(
         self, index: int, value: Any, limiter: ModelLimiter | None, units: int
     ) -> tuple[Any, BaseException | None, float]:
-        start = perf_counter()
+        clock = limiter.clock if limiter is not None else perf_counter  # the runtime's clock: virtual in the lab
+        start = clock()
         result, exc = call_holding(self.fn, value, self.holding)
         if limiter is not None:
             self._release(limiter, self.permits is not None, units)
-        latency = perf_counter() - start
+        latency = clock() - start
         if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
             exc = self._late(index)  # inline (nested) items cannot be timed out while they run: judged at the end
         return result, exc, latency
