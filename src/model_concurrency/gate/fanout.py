@@ -104,8 +104,8 @@ class Attempts:
 class Fanout:
     """One fan-out call's bookkeeping: arguments, results in input order, failures; no I/O, no waiting.
 
-    The constructor checks every argument before anything runs. A side then sets :attr:`target` (its first touch
-    of the model's runtime: after its own checks) and calls :meth:`enter`,
+    The constructor checks every argument before anything runs (a keyword no front takes is a ``TypeError``
+    here). A side then sets :attr:`target` (its first touch of the model's runtime) and calls :meth:`enter`,
     :meth:`attempts`, :meth:`settle`, :meth:`fail` and :meth:`results_in_order`."""
 
     target: Target
