@@ -552,7 +552,7 @@ class Adaptive:
         if queued is not None and latency is not None and queued > (1 - self.decrease_factor) * latency:
             return self.slow_start_factor
         rounds = min(obs.client_calls / window, math.log(self.jump_max_factor, self.slow_start_factor))
-        return max(self.slow_start_factor, self.slow_start_factor**rounds)
+        return max(self.slow_start_factor, math.pow(self.slow_start_factor, rounds))
 
     @staticmethod
     def _window(obs: Observation) -> float:
