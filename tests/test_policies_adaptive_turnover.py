@@ -84,12 +84,18 @@ def shared(inflight: int, *, running: float, waiting: float, time: float) -> Obs
 def test_a_queue_the_engine_is_still_taking_in_is_held_not_cut() -> None:
     p = Adaptive()
     assert p.next_target(16, shared(16, running=21, waiting=0, time=0.0)) == 32
-    # `running` rose by 126 since our last poll and 28 wait: a peer's burst being admitted. Hold at 32.
+    # `running` rose by 126 since our last poll and 28 wait: a peer's burst being admitted. Hold at 32, no
+    # capacity sample; the first ramp ends there (W_max 32), as a cut would have ended it.
     assert p.next_target(32, shared(32, running=147, waiting=28, time=12.0)) == 32
-    assert p.ramping and p.w_max is None
+    assert not p.ramping and p.w_max == 32 and p.capacity(12.0) is None
     # `running` flat at 147 with 28 still waiting: a wall. Cut to 0.9 x the served share 32 x 147 / 175.
     assert p.next_target(32, shared(32, running=147, waiting=28, time=24.0)) == pytest.approx(0.9 * 32 * 147 / 175)
     assert p.w_max == pytest.approx(32 * 147 / 175)
+    # Held, then no queue on the next poll: the additive climb (W_max 32), not another doubling.
+    r = Adaptive()
+    r.next_target(16, shared(16, running=21, waiting=0, time=0.0))
+    r.next_target(32, shared(32, running=147, waiting=28, time=12.0))
+    assert r.next_target(32, shared(32, running=150, waiting=0, time=24.0)) == 33
     # admission_hold off: the first queue is cut at once.
     q = Adaptive(admission_hold=False)
     q.next_target(16, shared(16, running=21, waiting=0, time=0.0))
