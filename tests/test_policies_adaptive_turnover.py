@@ -96,6 +96,14 @@ def test_a_queue_the_engine_is_still_taking_in_is_held_not_cut() -> None:
     r.next_target(16, shared(16, running=21, waiting=0, time=0.0))
     r.next_target(32, shared(32, running=147, waiting=28, time=12.0))
     assert r.next_target(32, shared(32, running=150, waiting=0, time=24.0)) == 33
+    # Settled (not ramping), a queue is cut even while running rises: its peers cut on the same queue.
+    settled = Adaptive()
+    settled.next_target(40, shared(40, running=100, waiting=10, time=0.0))  # a cut ends the ramp: W_max 40 x 100 / 110
+    assert not settled.ramping
+    settled.next_target(37, shared(37, running=100, waiting=0, time=12.0))
+    assert settled.next_target(38, shared(38, running=150, waiting=10, time=24.0)) == pytest.approx(
+        0.9 * 38 * 150 / 160
+    )
     # admission_hold off: the first queue is cut at once.
     q = Adaptive(admission_hold=False)
     q.next_target(16, shared(16, running=21, waiting=0, time=0.0))

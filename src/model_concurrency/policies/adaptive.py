@@ -156,10 +156,11 @@ class Adaptive:
             issue 22's generator, the ``adaptive-v1`` preset). Alone on the engine a poll grows ``slow_start_factor``
             per round trip its interval held (``_ramp_factor``); the completion-rate exit judges a window only over
             a round trip of it (``_turned_over``); and the engine-full exit ignores a ``running`` that fell by more
-            than we added (others left). Fuzz seed 22, draws 0-39: goodput median 0.973 -> 0.976, p10 0.625 ->
-            0.656, Jain >= 0.9 on 53 -> 59 % of multi-client draws (with ``admission_hold``).
-        admission_hold: a queue the engine is still taking in (``running`` rose since our previous poll by at
-            least what waits) is held, not cut (default True; ``_absorbing``).
+            than we added (others left). With ``admission_hold``, fuzz seed 22 draws 0-39 (tuned on): goodput
+            median 0.973 -> 0.976, p10 0.625 -> 0.651, Jain >= 0.9 on 53 -> 56 % of multi-client draws; seed 31
+            draws 0-39 (held out): 0.970 -> 0.974, p10 0.833 -> 0.851, Jain 72 -> 84 % (docs/policies.md).
+        admission_hold: on the first ramp, a queue the engine is still taking in (``running`` rose since our
+            previous poll by at least what waits) is held, not cut, and ends the ramp (default True; ``_absorbing``).
         shared_fast_ramp: ask for the controller's fast first-ramp polls beside peers too, and grow there once our
             completions since the last growth add up to the window it set (default False; the
             ``adaptive-fast-ramp`` preset: a better worst case, a less fair split, docs/policies.md).
@@ -200,7 +201,6 @@ class Adaptive:
     ramp_calls: float = field(default=0.0, init=False)
     ramp_window: float = field(default=0.0, init=False)
     admission_hold: bool = True
-    first_catch_up: bool = False
     last_running: float | None = field(default=None, init=False)
     one_step: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
@@ -357,16 +357,19 @@ class Adaptive:
         return max(obs.running, capacity or 0.0)
 
     def _absorbing(self, obs: Observation, risen: float | None) -> bool:
-        """A queue at the poll that the engine is still taking in: hold, neither cut nor grow (``admission_hold``).
+        """On the first ramp, a queue the engine is still taking in: hold, do not cut (``admission_hold``).
 
         The engine's ``running`` rose since our previous poll by at least what now waits, with no preemption and
         the KV cache below ``kv_high``: a burst being admitted over several steps (its per-step token budget), most
-        often another client's ramp, not a wall. Cut to the served share there, and the clients that happened to
+        often another client's ramp step, not a wall. Cut to the served share there, the clients that happened to
         poll during a peer's admission shrank while the peer, polling between bursts, grew on: ``fuzz-22-0013``
         (4 clients, 2 x 507 sequences) cut one client 16 -> 12 -> 7 at ``running`` 147 and 347 of a knee near
-        800, and the split ended 696 / 72 / 41 / 6. At a wall ``running`` stops rising, and the next poll cuts.
-        Not on a one-step engine, whose queue is a pipelined batch with rules of its own."""
-        if not self.admission_hold or risen is None or self.pipelining or obs.preemptions > 0:
+        800, and the split ended 696 / 72 / 41 / 6. The hold ends the ramp all the same (``_requests``): a client
+        left ramping doubled again on the next poll that caught no queue (``multi-client``: 64 -> 128 -> 256 on
+        256 sequences, Jain 0.77). Only while ramping: held in the steady state too, a client kept its share
+        while its peers cut on the same queue (``multi-client-32`` Jain 0.93 -> 0.89). At a wall ``running``
+        stops rising, and the next poll cuts. Not on a one-step engine, whose queue is a pipelined batch."""
+        if not self.admission_hold or not self.ramping or risen is None or self.pipelining or obs.preemptions > 0:
             return False
         kv = obs.kv_cache_usage
         if kv is not None and kv >= self.kv_high:
@@ -527,7 +530,7 @@ class Adaptive:
                 self.w_max, self.w_max_time, self.probes = before, obs.time, 0
                 self.startup_rate = self.startup_load = None
                 return before + self.increase_step
-        return max(target * self._ramp_factor(obs, first=previous is None and rate is None), target + self.increase_step)
+        return max(target * self._ramp_factor(obs), target + self.increase_step)
 
     def _turned_over(self, obs: Observation, load: tuple[float, float] | None) -> bool:
         """The interval's completions add up to at least the window we held at the previous poll (``load``): one
@@ -541,7 +544,7 @@ class Adaptive:
             return True
         return obs.client_calls >= load[0]
 
-    def _ramp_factor(self, obs: Observation, first: bool = False) -> float:
+    def _ramp_factor(self, obs: Observation) -> float:
         """The first ramp's growth this poll alone on the engine: ``slow_start_factor`` per round trip of our calls.
 
         TCP's slow start doubles per round trip, clocked by its acknowledgements; a poll is not a round trip. A
@@ -555,7 +558,7 @@ class Adaptive:
         whoever polled first multiplied by 8 while the others still sat at their floors, and took the engine
         (fuzz seed 22, draws 0-39: Jain >= 0.9 on 62 % of multi-client draws with one factor a poll there, 44 %
         with up to 4, 44 % with up to 8). ``turnover_ramp`` False: one factor a poll."""
-        if not self.turnover_ramp or (own_share(obs) < self.jump_share and not (first and self.first_catch_up)):
+        if not self.turnover_ramp or own_share(obs) < self.jump_share:
             return self.slow_start_factor
         window = self._window(obs)
         latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
