@@ -32,7 +32,7 @@ from model_concurrency.engine.engine import (
     EngineDownError,
     RequestTooLargeError,
     combine_signals,
-    queue_buckets,
+    cumulative_buckets,
     snapshot_of,
 )
 from model_concurrency.engine.metrics import make_registry
@@ -204,6 +204,10 @@ class Server:
         self.name = name
         self.up = True
         self._signals: Signals | None = None  # the page's sum while no engine of it changes
+        # The live engines' queue-time bucket counts summed, and the signals they were summed with (the key: a new
+        # signals tuple means an engine changed since).
+        self._counts: list[int] = []
+        self._counts_of: Signals | None = None
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -397,7 +401,20 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        return snapshot_of(self.signals(), queue_buckets(e for e in self.engines if e.up))
+        return snapshot_of(self.signals(), cumulative_buckets(self.queue_counts()))
+
+    def queue_counts(self) -> list[int]:
+        """The live engines' queue-time histogram counts summed by bucket (not cumulative), kept with the signals.
+
+        A fleet's every poll sums the buckets of every engine; summing a server's once per change of its signals
+        (counts are ints: the order of the additions does not matter) leaves the poll a sum over replicas."""
+        signals = self.signals()  # folds every live engine first, as Engine.queue_counts does
+        if self._counts_of is not signals:
+            self._counts = [
+                sum(column) for column in zip(*(e.queue_counts() for e in self.engines if e.up), strict=True)
+            ]
+            self._counts_of = signals
+        return self._counts
 
     def signals(self) -> Signals:
         """:meth:`snapshot`'s values, kept until an engine of this server changes (``Engine._stale`` drops them)."""
@@ -502,8 +519,9 @@ class Fleet:
     def snapshot(self) -> EngineSnapshot:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
         up = [s for s in self.replicas if s.up]
+        signals = combine_signals([s.signals() for s in up])
         return snapshot_of(
-            combine_signals([s.signals() for s in up]), queue_buckets(e for s in up for e in s.engines if e.up)
+            signals, cumulative_buckets([sum(column) for column in zip(*(s.queue_counts() for s in up), strict=True)])
         )
 
     def render_metrics(self, replica: int) -> str:
