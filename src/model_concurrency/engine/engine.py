@@ -358,7 +358,8 @@ class Engine(Scheduler):
         cached = self._signals
         if cached is None:
             stats = self._stats
-            stats.fold()  # the deferred observations (what the ``stats`` property does)
+            if stats.pending_finished or stats.pending_first:
+                stats.fold()  # the deferred observations (what the ``stats`` property does)
             blocks = self.num_gpu_blocks
             queue = stats.queue_time
             cached = self._signals = (

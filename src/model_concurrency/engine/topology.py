@@ -339,9 +339,10 @@ class Server:
             return
         # The API server works requests FIFO on its workers; the engine sees the request when that work is done.
         frontend = self.frontend
-        free_at = heapq.heappop(self._frontend_free_at)
+        free_workers = self._frontend_free_at
+        free_at = free_workers[0]  # the worker free first takes it (heapreplace: the pop and the push in one call)
         done_at = max(now, free_at) + (frontend.fixed_ms + frontend.per_token_ms * prompt) / 1000.0
-        heapq.heappush(self._frontend_free_at, done_at)
+        heapq.heapreplace(free_workers, done_at)
         request.state = _FRONTEND
         self._in_frontend[request] = None
         # The transit latency holds no worker: it delays the request, not the ones behind it. The timeout carries
@@ -376,6 +377,8 @@ class Server:
                     load = 4 * len(candidate.waiting) + len(candidate.running)
                     if engine is None or load < best:
                         engine, best = candidate, load
+                        if not load:
+                            break  # an idle engine: none after it can be less loaded (first of equals)
             if engine is not None:
                 engine._enqueue(request, self.env.now)  # enqueue(): arrival_time is set (_accept) before routing
                 return
@@ -408,10 +411,10 @@ class Server:
 
         A fleet's every poll sums the buckets of every engine; summing a server's once per change of its signals
         (counts are ints: the order of the additions does not matter) leaves the poll a sum over replicas."""
-        signals = self.signals()  # folds every live engine first, as Engine.queue_counts does
+        signals = self.signals()  # folds every live engine first (what Engine.queue_counts does for one)
         if self._counts_of is not signals:
             self._counts = [
-                sum(column) for column in zip(*(e.queue_counts() for e in self.engines if e.up), strict=True)
+                sum(column) for column in zip(*(e._stats.queue_time.counts for e in self.engines if e.up), strict=True)
             ]
             self._counts_of = signals
         return self._counts
