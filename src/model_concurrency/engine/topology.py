@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
+from operator import add, attrgetter
 from typing import Any, Literal
 
 import simpy
@@ -100,6 +100,15 @@ def add_buckets(histograms: list[Buckets]) -> Buckets | None:
     for h in histograms:
         totals = [acc + count for acc, (_, count) in zip(totals, h, strict=True)]
     return tuple(zip(bounds, totals, strict=True))
+
+
+def add_counts(histograms: list[list[int]]) -> list[int]:
+    """Bucket counts (equal lengths) added bucket by bucket: a few list-wide ``map(add)`` instead of a ``sum`` per
+    bucket (a fleet's polls add a server's four engines, then sixteen servers, every poll)."""
+    total = histograms[0]
+    for counts in histograms[1:]:
+        total = list(map(add, total, counts))
+    return total if len(histograms) > 1 else list(total)
 
 
 def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
@@ -413,9 +422,7 @@ class Server:
         (counts are ints: the order of the additions does not matter) leaves the poll a sum over replicas."""
         signals = self.signals()  # folds every live engine first (what Engine.queue_counts does for one)
         if self._counts_of is not signals:
-            self._counts = [
-                sum(column) for column in zip(*(e._stats.queue_time.counts for e in self.engines if e.up), strict=True)
-            ]
+            self._counts = add_counts([e._stats.queue_time.counts for e in self.engines if e.up])
             self._counts_of = signals
         return self._counts
 
@@ -523,9 +530,7 @@ class Fleet:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
         up = [s for s in self.replicas if s.up]
         signals = combine_signals([s.signals() for s in up])
-        return snapshot_of(
-            signals, cumulative_buckets([sum(column) for column in zip(*(s.queue_counts() for s in up), strict=True)])
-        )
+        return snapshot_of(signals, cumulative_buckets(add_counts([s.queue_counts() for s in up])))
 
     def render_metrics(self, replica: int) -> str:
         return self.replicas[replica].render_metrics()
