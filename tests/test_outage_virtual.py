@@ -78,7 +78,9 @@ def fan_out(up_at: float, **kwargs: object) -> tuple[list[object], Downable, Mod
     async def main(loop: VirtualTimeLoop) -> tuple[list[object], Downable, ModelRuntime]:
         register_model("m", base_url=None, max_parallel_calls=4)
         runtime = install_runtime(
-            ModelRuntime(runtime_for("m").spec, name="m", source=ClientOnlySource(), policy=HoldTarget(), clock=loop.time)
+            ModelRuntime(
+                runtime_for("m").spec, name="m", source=ClientOnlySource(), policy=HoldTarget(), clock=loop.time
+            )
         )
         runtime.core.target_value = float(TARGET)
         runtime.apply_limits()
@@ -123,7 +125,7 @@ def test_one_probe_at_a_time_with_backoff_then_the_target_back() -> None:
 def test_without_retries_only_the_wave_and_the_probe_fail() -> None:
     """The same outage without ``retries=``: exactly the 16 calls in flight when it broke and the one failed
     probe fail; the other 23 items waited and succeeded (without the hold all 40 would have been refused)."""
-    results, transport, runtime = fan_out(0.5, return_exceptions=True)
+    results, transport, _ = fan_out(0.5, return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     assert len(failed) == TARGET + 1 and all(isinstance(e, httpx.ConnectError) for e in failed)
     assert [r for r in results if not isinstance(r, BaseException)] == [
