@@ -342,6 +342,8 @@ class ModelRuntime:
         snapshot = core.last_snapshot
         score = snapshot.gateway_saturation if core.last_ok and snapshot is not None else None
         gateway_saturation, gateway_saturated = gateway_view(core.last_ok, score)
+        outage = self.limiter.hold.outage
+        since = outage.since
         return RuntimeState(
             model=self.name,
             served_model_name=self.spec.served_name if self.spec is not None else None,
@@ -372,6 +374,8 @@ class ModelRuntime:
             signal_stale=self.health.signal_stale,
             limit_unreached=self.health.limit_unreached,
             counter_resets=self.health.counter_resets,
+            outage=outage.reason if since is not None else None,
+            outage_s=max(0.0, self.clock() - since) if since is not None else None,
         )
 
     def _refresh_knobs(self) -> None:

@@ -390,7 +390,8 @@ class _Run:
         """One call of ``fn``: its slot is released when it ends, the outcome recorded."""
         exc: BaseException | None = None
         result: Any = None
-        start = perf_counter()
+        clock = limiter.clock if limiter is not None else perf_counter  # the runtime's clock: virtual in the lab
+        start = clock()
         if self.is_async:
             try:
                 if self.timeout is None:
@@ -409,7 +410,7 @@ class _Run:
                     limiter.release(units)
         else:
             result, exc = await self._in_thread(value, limiter, units)
-        self.target.record(perf_counter() - start, exc)
+        self.target.record(clock() - start, exc)
         return result, exc
 
     async def _outcome(self, index: int, result: Any, exc: BaseException | None) -> None:

@@ -21,7 +21,6 @@ not running on; used inside a running loop it would, so use ``async with`` there
 from __future__ import annotations
 
 from collections.abc import Mapping
-from time import perf_counter
 from types import TracebackType
 
 from model_concurrency.config import get_model
@@ -39,7 +38,7 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_outcome", "_runtime", "_sent_at", "_start", "_status", "model", "tokens")
+    __slots__ = ("_outcome", "_runtime", "_sent_at", "_status", "model", "tokens")
 
     def __init__(
         self, model: str | None = None, *, tokens: float | None = None, allow_unregistered: bool = False
@@ -51,7 +50,6 @@ class slot:
         # Checked here, before any permit is taken: a bad weight is the caller's error, never a leaked slot.
         self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
-        self._start = 0.0
         self._sent_at = 0.0
         self._status: int | None = None
         self._outcome: Outcome | None = None  # a response's verdict, applied when it arrived
@@ -95,7 +93,7 @@ class slot:
     def _end(self, exc: BaseException | None) -> None:
         runtime, self._runtime = self._runtime, None
         assert runtime is not None
-        latency = perf_counter() - self._start
+        latency = runtime.limiter.clock() - self._sent_at  # the runtime's clock, as the poll's intervals
         runtime.limiter.release(self.tokens)
         status, outcome = self._status, self._outcome
         if exc is None and (status is None or status < 400):
@@ -134,7 +132,6 @@ class slot:
         except BaseException:
             self._abandon()
             raise
-        self._start = perf_counter()
         self._sent_at = limiter.clock()
         return self
 
@@ -156,7 +153,6 @@ class slot:
         except BaseException:
             self._abandon()
             raise
-        self._start = perf_counter()
         self._sent_at = limiter.clock()
         return self
 

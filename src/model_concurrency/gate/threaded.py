@@ -227,7 +227,8 @@ class _SyncRun:
         self, index: int, value: Any, limiter: ModelLimiter | None, units: int
     ) -> tuple[Any, BaseException | None, float]:
         token = HOLDING.set(self.holding)
-        start = perf_counter()
+        clock = limiter.clock if limiter is not None else perf_counter  # the runtime's clock: virtual in the lab
+        start = clock()
         result: Any = None
         exc: BaseException | None = None
         try:
@@ -238,7 +239,7 @@ class _SyncRun:
             HOLDING.reset(token)
             if limiter is not None:
                 self._release(limiter, self.permits is not None, units)
-        latency = perf_counter() - start
+        latency = clock() - start
         if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
             # Inline (nested) items cannot be timed out while they run; judge them when they end.
             exc = TimeoutError(f"item {index} did not finish within {self.timeout}s")
