@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import httpx
 import pytest
@@ -26,25 +25,10 @@ from model_concurrency.emulator.core import EmulatorConfig
 from model_concurrency.emulator.links import LocalLink
 from model_concurrency.lab.conformance import AsgiMetricsSource
 from model_concurrency.lab.virtual_loop import VirtualTimeLoop
-from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
+from model_concurrency.runtime import ModelRuntime
+from virtual_stack import BASE, install_on_loop, run_virtual
 
-T = TypeVar("T")
-BASE = "http://emulator"
 RECOVERY_POLLS = 10  # benchmarks/chaos.py's goal: back to 0.8x the target before the kills within 10 polls
-
-
-def run_virtual(main: Callable[[VirtualTimeLoop], Awaitable[T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(main(loop))
-    finally:
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
 
 
 class Crashable(httpx.AsyncBaseTransport):
@@ -110,8 +94,7 @@ def chaos_run(
             register_model(
                 "chaos", base_url=f"{BASE}/v1", served_model_name=engine.link.model_name, max_parallel_calls=4
             )
-            runtime = install_runtime(ModelRuntime(runtime_for("chaos").spec, source=source, clock=loop.time))
-            loop.add_barrier(runtime.scheduled_poll_at)
+            runtime = install_on_loop(loop, "chaos", source=source)
             judged = asyncio.Event()
 
             async def chaos() -> None:
@@ -167,6 +150,7 @@ def chaos_run(
     return report, runtime
 
 
+@pytest.mark.slow
 def test_three_kills_fail_nothing_and_the_target_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """600 embeddings, the engine killed three times (1 s down each), ``retries=3``: every item succeeds (the
     calls in flight at each kill are re-sent, the rest wait in the outage hold), none is lost, nothing is left in

@@ -10,24 +10,20 @@ emulator's ASGI app behind a transport that refuses connections while it is "dow
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import httpx
 import pytest
 
 from model_concurrency import gate_stats, map_concurrent
 from model_concurrency.config import register_model
-from model_concurrency.emulator.app import Emulator, create_app
-from model_concurrency.emulator.core import EmulatorConfig
-from model_concurrency.emulator.links import LocalLink
+from model_concurrency.emulator import EmulatorConfig
 from model_concurrency.gate.hold import FIRST_PROBE_S
 from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.lab.virtual_loop import VirtualTimeLoop
-from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
+from model_concurrency.runtime import ModelRuntime
 from model_concurrency.signals.source import ClientOnlySource
+from virtual_stack import emulator_app, install_on_loop, run_virtual
 
-T = TypeVar("T")
 ITEMS = 40
 TARGET = 16
 CONNECT_S = 0.001  # a refused connect still costs a loopback round trip: the wave's calls are all sent before it
@@ -41,7 +37,8 @@ class HoldTarget:
 
 
 class Downable(httpx.AsyncBaseTransport):
-    """The emulator's app, refusing connections until ``up_at`` (virtual seconds); records each attempt's time."""
+    """In front of the emulator's app: refuses connections until ``up_at`` (virtual seconds), records each
+    attempt's time."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport, loop: asyncio.AbstractEventLoop, up_at: float) -> None:
         self.inner, self.loop, self.up_at = inner, loop, up_at
@@ -58,49 +55,29 @@ class Downable(httpx.AsyncBaseTransport):
         return await self.inner.handle_async_request(request)
 
 
-def run_virtual(main: Callable[[VirtualTimeLoop], Awaitable[T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(main(loop))
-    finally:
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-
-
 def fan_out(up_at: float, **kwargs: object) -> tuple[list[object], Downable, ModelRuntime]:
     """ITEMS embeddings through map_concurrent against an emulator that is down until ``up_at``."""
 
     async def main(loop: VirtualTimeLoop) -> tuple[list[object], Downable, ModelRuntime]:
-        register_model("m", base_url=None, max_parallel_calls=4)
-        runtime = install_runtime(
-            ModelRuntime(
-                runtime_for("m").spec, name="m", source=ClientOnlySource(), policy=HoldTarget(), clock=loop.time
-            )
-        )
+        register_model("m", base_url=None, max_parallel_calls=4, policy=HoldTarget())
+        runtime = install_on_loop(loop, "m", source=ClientOnlySource())
         runtime.core.target_value = float(TARGET)
         runtime.apply_limits()
-        loop.add_barrier(runtime.scheduled_poll_at)
-        config = EmulatorConfig(preset="bge-m3")
-        link = LocalLink(config, clock=loop.time)
-        app = create_app(emulator=Emulator(config, link=link))
-        transport = Downable(httpx.ASGITransport(app=app), loop, up_at)
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://emulator") as client:
+        downable: list[Downable] = []
 
-                async def call(i: int) -> int:
-                    response = await client.post("/v1/embeddings", json={"model": link.model_name, "input": f"x{i}"})
-                    response.raise_for_status()
-                    return i
+        def wrap(inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+            downable.append(Downable(inner, loop, up_at))
+            return downable[0]
 
-                results = await map_concurrent(range(ITEMS), call, model="m", **kwargs)  # type: ignore[call-overload]
-        finally:
-            await link.stop()
-        return results, transport, runtime
+        async with emulator_app(loop, EmulatorConfig(preset="bge-m3"), wrap=wrap) as emu:
+
+            async def call(i: int) -> int:
+                response = await emu.client.post("/v1/embeddings", json={"model": emu.model, "input": f"x{i}"})
+                response.raise_for_status()
+                return i
+
+            results = await map_concurrent(range(ITEMS), call, model="m", **kwargs)  # type: ignore[call-overload]
+        return results, downable[0], runtime
 
     return run_virtual(main)
 
