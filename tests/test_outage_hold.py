@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from fault_servers import fault_server, refused_url
+from fault_servers import Fixed, fault_server, refused_url
 from model_concurrency import gate_stats, map_concurrent, map_concurrent_sync, slot
 from model_concurrency.config import register_model
 from model_concurrency.gate.hold import FIRST_PROBE_S
@@ -26,6 +26,7 @@ from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
 from model_concurrency.signals.source import ClientOnlySource
 
 ITEMS = 40
+TARGET = 16  # kept by a fixed policy: the limit after an outage is exactly the one before, whenever a poll falls
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -81,19 +82,11 @@ def late_server(*, never: bool = False) -> Iterator[LateServer]:
         server.close()
 
 
-class HoldTarget:
-    """A policy that keeps whatever target it is given: the limit after an outage is then exactly the target it
-    had before, whenever a poll happens to fall (the default policy would grow a window our calls filled)."""
-
-    def next_target(self, target: float, obs: object) -> float:
-        return target
-
-
 def model(floor: int = 4) -> ModelRuntime:
     register_model("m", base_url=None, max_parallel_calls=floor)
     spec = runtime_for("m").spec
-    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), policy=HoldTarget()))
-    runtime.core.target_value = 16.0
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), policy=Fixed(TARGET)))
+    runtime.core.target_value = float(TARGET)
     runtime.apply_limits()
     return runtime
 
@@ -136,8 +129,8 @@ def test_an_outage_holds_items_until_the_model_returns() -> None:
         results = fan_out(server, runtime, retries=4)
     assert results == ["ok"] * ITEMS
     outage = runtime.limiter.hold.outage
-    assert (outage.opened, outage.probes_failed, outage.active, runtime.limiter.limit) == (1, 1, False, 16)
-    assert gate_stats("m").errors <= 16 + 1  # the first wave (the target's worth) and the one probe, not 40 items
+    assert (outage.opened, outage.probes_failed, outage.active, runtime.limiter.limit) == (1, 1, False, TARGET)
+    assert gate_stats("m").errors <= TARGET + 1  # the first wave (the target's worth) and the one probe, not 40 items
 
     runtime = model()
     with late_server() as server:
@@ -145,8 +138,8 @@ def test_an_outage_holds_items_until_the_model_returns() -> None:
     failed = [r for r in results if isinstance(r, BaseException)]
     assert all(isinstance(e, httpx.ConnectError) for e in failed)
     assert runtime.limiter.hold.outage.probes_failed == 1
-    assert len(failed) <= 16 + 1
-    assert results.count("ok") == ITEMS - len(failed) >= ITEMS - 17
+    assert len(failed) <= TARGET + 1
+    assert results.count("ok") == ITEMS - len(failed) >= ITEMS - TARGET - 1
 
 
 def test_threads_wait_out_an_outage_too() -> None:
@@ -173,7 +166,7 @@ def test_items_fail_clearly_after_max_outage_s(monkeypatch: pytest.MonkeyPatch) 
     unreachable = [r for r in results if isinstance(r, ModelUnreachable)]
     refused = [r for r in results if isinstance(r, httpx.ConnectError)]
     assert len(unreachable) + len(refused) == ITEMS
-    assert len(refused) <= 16 + 4  # tried: the first wave and the probes; the rest waited, then failed unrun
+    assert len(refused) <= TARGET + 4  # tried: the first wave and the probes; the rest waited, then failed unrun
     assert "MODEL_CONCURRENCY_MAX_OUTAGE_S" in str(unreachable[0])
     assert gate_stats("m").errors == len(refused)
 
@@ -210,7 +203,7 @@ def test_a_proxys_502_holds_slot_callers_until_a_call_succeeds() -> None:
             assert runtime.held_for() == 0
         assert client.get(server.url).status_code == 200
     assert not runtime.limiter.hold.outage.active
-    assert runtime.limiter.limit == 16
+    assert runtime.limiter.limit == TARGET
 
 
 def test_the_outage_state_exact() -> None:
@@ -260,4 +253,4 @@ def test_the_wrapped_openai_client_opens_and_ends_an_outage() -> None:
     finally:
         server.close()
     assert not runtime.limiter.hold.outage.active
-    assert runtime.limiter.limit == 16
+    assert runtime.limiter.limit == TARGET

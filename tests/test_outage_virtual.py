@@ -14,6 +14,7 @@ import asyncio
 import httpx
 import pytest
 
+from fault_servers import Fixed
 from model_concurrency import gate_stats, map_concurrent
 from model_concurrency.config import register_model
 from model_concurrency.emulator import EmulatorConfig
@@ -25,15 +26,8 @@ from model_concurrency.signals.source import ClientOnlySource
 from virtual_stack import emulator_app, install_on_loop, run_virtual
 
 ITEMS = 40
-TARGET = 16
+TARGET = 16  # kept by a fixed policy: the limit after the outage is exactly the one before it
 CONNECT_S = 0.001  # a refused connect still costs a loopback round trip: the wave's calls are all sent before it
-
-
-class HoldTarget:
-    """Keeps the target it is given: the limit after the outage is exactly the one before it."""
-
-    def next_target(self, target: float, obs: object) -> float:
-        return target
 
 
 class Downable(httpx.AsyncBaseTransport):
@@ -59,7 +53,7 @@ def fan_out(up_at: float, **kwargs: object) -> tuple[list[object], Downable, Mod
     """ITEMS embeddings through map_concurrent against an emulator that is down until ``up_at``."""
 
     async def main(loop: VirtualTimeLoop) -> tuple[list[object], Downable, ModelRuntime]:
-        register_model("m", base_url=None, max_parallel_calls=4, policy=HoldTarget())
+        register_model("m", base_url=None, max_parallel_calls=4, policy=Fixed(TARGET))
         runtime = install_on_loop(loop, "m", source=ClientOnlySource())
         runtime.core.target_value = float(TARGET)
         runtime.apply_limits()
