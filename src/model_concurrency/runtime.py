@@ -92,27 +92,19 @@ def poll_step(
     Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
     measures is the decision production makes.
     """
-    if snapshot is None:  # the client's own calls still go in: the guard judges an outage from them
-        failed = observe(
-            None,
-            None,
-            inflight=usage.inflight,
-            inflight_peak=usage.peak,
-            inflight_mean=usage.mean,
-            time=now,
-            calls=calls,
-        )
-        return core.update(failed, reason or "no snapshot")
+    failed = snapshot is None  # the client's own calls still go in: the guard judges an outage from them
     obs = observe(
         snapshot,
-        core.last_snapshot,
+        None if failed else core.last_snapshot,
         inflight=usage.inflight,
         inflight_peak=usage.peak,
         inflight_mean=usage.mean,
-        inflight_tokens=usage.units,
+        inflight_tokens=None if failed else usage.units,
         time=now,
         calls=calls,
     )
+    if failed:
+        return core.update(obs, reason or "no snapshot")
     core.last_snapshot = snapshot
     return core.update(obs)
 

@@ -25,6 +25,7 @@ from types import TracebackType
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
+from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.outcome import Outcome
 from model_concurrency.gate.rejections import note_failure, note_success, outcome_of
 from model_concurrency.gate.stats import status_of
@@ -107,13 +108,21 @@ class slot:
             note_failure(runtime, outcome, self._sent_at, answered=status is not None)
         runtime.leave()
 
-    def _abandon(self) -> None:
+    def _abandon(self, limiter: ModelLimiter | None = None) -> None:
+        """Entering failed: give back the slot (if ``limiter``'s was granted) and leave the runtime."""
+        if limiter is not None:
+            limiter.release(self.tokens)
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.leave()
 
+    def _started(self, limiter: ModelLimiter) -> slot:
+        self._sent_at = limiter.clock()
+        return self
+
     def __enter__(self) -> slot:
         limiter = self._begin().limiter
+        granted = None
         try:
             wait_hold(limiter.hold, limiter.clock)
             waiter = limiter.acquire_or_enqueue_thread(self.tokens)
@@ -124,16 +133,12 @@ class slot:
                     if not limiter.withdraw(waiter):
                         limiter.release(self.tokens)
                     raise
-            try:
-                wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
-            except BaseException:
-                limiter.release(self.tokens)
-                raise
+            granted = limiter
+            wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
         except BaseException:
-            self._abandon()
+            self._abandon(granted)
             raise
-        self._sent_at = limiter.clock()
-        return self
+        return self._started(limiter)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -142,19 +147,16 @@ class slot:
 
     async def __aenter__(self) -> slot:
         limiter = self._begin().limiter
+        granted = None
         try:
             await wait_hold_async(limiter.hold, limiter.clock)
             await limiter.acquire(self.tokens)
-            try:
-                await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
-            except BaseException:
-                limiter.release(self.tokens)
-                raise
+            granted = limiter
+            await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
         except BaseException:
-            self._abandon()
+            self._abandon(granted)
             raise
-        self._sent_at = limiter.clock()
-        return self
+        return self._started(limiter)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
