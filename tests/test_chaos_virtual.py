@@ -156,7 +156,7 @@ def test_three_kills_fail_nothing_and_the_target_is_kept(monkeypatch: pytest.Mon
     calls in flight at each kill are re-sent, the rest wait in the outage hold), none is lost, nothing is left in
     flight, each kill opened one outage, and the target is kept through them: at the last restart it is still at
     least 0.8x its level before the kills (so back "within 10 polls" at once, the benchmark's goal). With the rule
-    off (MODEL_CONCURRENCY_MAX_OUTAGE_S=0) this run fails 3-7 items, opens no outage and the target is at the
+    off (MODEL_CONCURRENCY_MAX_OUTAGE_S=0) this run fails 3-16 items, opens no outage and the target is at the
     floor (4) at the last restart, so the test breaks if the rule fails waiting items, loses one, leaves a slot
     held or forgets the target."""
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0.25")
