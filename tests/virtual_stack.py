@@ -12,7 +12,7 @@ the runtime's own source.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -42,11 +42,20 @@ class VirtualEmulator:
     link: LocalLink
 
 
+Wrap = Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]
+
+
 @asynccontextmanager
-async def emulator_app(loop: VirtualTimeLoop, config: EmulatorConfig) -> AsyncIterator[VirtualEmulator]:
+async def emulator_app(
+    loop: VirtualTimeLoop, config: EmulatorConfig, *, wrap: Wrap | None = None
+) -> AsyncIterator[VirtualEmulator]:
+    """``wrap``: a transport around the app's (a fault in front of it: refused connections, an outage)."""
     link = LocalLink(config, clock=loop.time)
     app = create_app(emulator=Emulator(config, link=link))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE, timeout=None) as client:
+    transport: httpx.AsyncBaseTransport = httpx.ASGITransport(app=app)
+    if wrap is not None:
+        transport = wrap(transport)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=None) as client:
         try:
             yield VirtualEmulator(client, link.model_name, AsgiMetricsSource(client, loop, link.model_name), link)
         finally:

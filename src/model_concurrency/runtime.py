@@ -421,12 +421,17 @@ class ModelRuntime:
 
     def scheduled_poll_at(self) -> float | None:
         """When the background poller polls next: now while a poll (or the resize after it) is under way, None
-        while nothing is polled on schedule. A virtual-time harness stops its clock there until the poll is done,
-        as a wall clock would wait for it (lab/conformance.py)."""
+        while nothing is polled on schedule (nor during an outage: gate/outage.py pins the limit and no poll is
+        claimed). A virtual-time harness stops its clock there until the poll is done, as a wall clock would wait
+        for it (lab/conformance.py)."""
         with self._lock:
             if self._poller is None or self._closed.is_set():
                 return None
-            if self._polling or self.limiter.limit != self.current():
+            if self._polling:
+                return self.clock()
+            if self.limiter.hold.outage.active:
+                return None
+            if self.limiter.limit != self.current():
                 return self.clock()
             return self.core.next_poll_at
 
