@@ -46,13 +46,18 @@ _FINISHED = RequestState.FINISHED
 _QUEUE_BOUNDS = (*REQUEST_LATENCY_BUCKETS, float("inf"))
 
 
-def snapshot_of(signals: Signals, waits: Buckets | None = None) -> EngineSnapshot:
-    """The snapshot of an engine's (or a sum of engines') :data:`Signals` and queue-time buckets."""
+def snapshot_of(
+    signals: Signals, waits: Buckets | None = None, *, waiting_capacity: float | None = None
+) -> EngineSnapshot:
+    """The snapshot of an engine's (or a sum of engines') :data:`Signals` and queue-time buckets.
+
+    An engine's waiting requests all wait for capacity; a sum of pages says how many of its own did
+    (``waiting_capacity``)."""
     running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count = signals
     return EngineSnapshot(
         running=running,
         waiting=waiting,
-        waiting_capacity=waiting,
+        waiting_capacity=waiting if waiting_capacity is None else waiting_capacity,
         kv_cache_usage=kv_usage,
         kv_num_blocks=blocks,
         kv_tokens=tokens,

@@ -160,20 +160,10 @@ def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
             kv_usage = kv  # max() keeps the first of equals; so does a strict >
         blocks += s_blocks
         tokens += s_tokens
-    return EngineSnapshot(
-        running=running,
-        waiting=waiting,
-        waiting_capacity=waiting_capacity,
-        kv_cache_usage=kv_usage,
-        kv_num_blocks=blocks,
-        kv_tokens=tokens,
-        preemptions_total=preemptions,
-        success_total=success,
-        generation_tokens_total=generated,
-        queue_time_sum_total=queue_sum,
-        queue_time_count_total=queue_count,
-        queue_time_buckets=add_buckets(waits),
-    )
+    if kv_usage is None:
+        return None  # no snapshots
+    summed = (running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count)
+    return snapshot_of(summed, add_buckets(waits), waiting_capacity=waiting_capacity)
 
 
 def _abort_outside(request: Request, now: float) -> None:
