@@ -55,6 +55,16 @@ def quiet_poll(policy: AdaptiveNeighbour, twin: Adaptive, target: float, obs: Ob
     return answer
 
 
+def test_the_preset_states_each_default_and_loads_the_wrapper() -> None:
+    preset = tomllib.loads((PRESETS / "adaptive-neighbour.toml").read_text())
+    params = {f.name for f in dataclasses.fields(AdaptiveNeighbour) if f.init} - {"adaptive"}
+    assert {k: preset[k] for k in params} == {k: getattr(AdaptiveNeighbour(), k) for k in params}
+    policy = load_policy("adaptive-neighbour", adaptive={"increase_step": 2.0})
+    assert isinstance(policy, AdaptiveNeighbour) and policy.inner.increase_step == 2.0
+    with pytest.raises(ValueError, match="headroom"):
+        AdaptiveNeighbour(headroom=1.0)
+
+
 def test_a_burst_onset_cuts_to_the_floor_and_holds() -> None:
     policy, twin = settled()
     target = quiet_poll(policy, twin, 144, poll(12, 144, 10))  # others 56 -> 10: a fall is no onset
