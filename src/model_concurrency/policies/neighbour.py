@@ -5,12 +5,14 @@ they pay first, in time to first token (docs/neighbour.md). ``adaptive`` fills w
 wrapper keeps its every decision while nobody else shows up, and adds three rules, all read from the
 Observation (a policy never does I/O):
 
-* **onset**: the others' load (``running + waiting − inflight``: everything on the engine that is not ours) rose
-  by at least ``rise`` requests since the previous poll, beyond any growth of our own in-flight (our own calls
-  may reach the engine's gauges a poll late, so our growth is discounted: "rising while our in-flight is flat").
-  Somebody else's arrivals are queueing or running beside us: cut at once to ``burst_fraction`` × the target
-  (0, the default, is the floor), and hold there. Not on our own first ramp, whose fellow clients ramp too
-  (such a rise only switches the headroom on);
+* **onset**: on an engine loaded to its fill line at least (``1 − headroom`` of its capacity, the most it ran
+  while requests waited: it must have queued once), the others' load (``running + waiting − inflight``:
+  everything on the engine that is not ours) rose by at least ``rise`` requests since the previous poll, beyond
+  any growth of our own in-flight ("rising while our in-flight is flat": our own calls may reach the engine's
+  gauges late). Somebody else's arrivals are taking the engine's last slots: cut at once to ``burst_fraction`` ×
+  the target (0, the default, is the floor), and hold there. Below the fill line a rise finds free slots, and
+  the rises there are mostly fellow clients ramping: no cut. A rise on a loaded engine that our own growth
+  makes uncertain does not cut either, but switches the headroom on;
 * **refill**: after ``min_active_s`` of holding, whichever comes first: the others' load halved since the
   previous poll (``exit_drop``; the tenant went idle), or rose by another ``rise`` (a fellow batch client saw
   the tenant leave first and refilled, which hides the fall from us), or the engine is back at the fill line
@@ -18,18 +20,18 @@ Observation (a policy never does I/O):
   passed (the safety net for an onset misread). The target goes back to where the cut found it (under the
   fill line), and the wrapped policy takes over again. For ``settle_s`` after a refill no onset is read: the
   batch clients refilling together raise each other's "others";
-* **headroom**: for ``memory_s`` after an onset, even between bursts, the engine is kept at most ``1 −
-  headroom`` full (its capacity: the most it ran while requests waited). The wrapped policy sees the load above
-  that line as capacity-waiting (its own cut and equal steps keep the clients fair under it), and no answer
-  exceeds our in-flight plus our share of the room under it: the next burst's first requests then find free
-  slots instead of a queue behind ours. The lab's static 64 per client (three quarters of the engine's
-  sequences) served the idle windows as fast as the ungated batch (docs/neighbour.md): the line costs little.
+* **headroom**: for ``memory_s`` after an onset (or an uncertain rise), even between bursts, the engine is kept
+  at most ``1 − headroom`` full. The wrapped policy sees the load above that line as capacity-waiting (its own
+  cut and equal steps keep the clients fair under it), and no answer exceeds our in-flight plus our share of
+  the room under it: the next burst's first requests then find free slots instead of a queue behind ours. The
+  lab's static 64 per client (three quarters of the engine's sequences) served the idle windows as fast as the
+  ungated batch (docs/neighbour.md): the line costs little.
 
 Why the other tenants' load and not their TTFT: vLLM's waiting and running gauges are on every page at every
 poll, instantaneous, and our own share of them is known (``inflight``); a TTFT histogram mixes our calls with
 theirs. The price: other batch clients are "others" too. They move only at their own polls and by our own rules,
-which is what ``settle_s``, ``min_active_s`` and the discounted own growth are for; docs/neighbour.md gives the
-figures, including what a peer's cut does to a refill.
+which is what the fill line, ``settle_s``, ``min_active_s`` and the refill's two peer rules are for;
+docs/neighbour.md gives the figures, the scenarios without a neighbour included.
 """
 
 from __future__ import annotations
@@ -144,19 +146,23 @@ class AdaptiveNeighbour:
         return self._room(answer, obs)
 
     def _rise(self, obs: Observation, others: float, previous: tuple[float, float] | None) -> float | None:
-        """The others' rise since the previous poll, if it marks an onset (rule "onset"), else None."""
-        if previous is None:
+        """The others' rise since the previous poll, if it marks an onset (rule "onset"), else None.
+
+        Only on an engine loaded to the fill line at least (its capacity known: it has queued once): below it,
+        whoever grows beside us finds free slots, and the rises there are mostly fellow clients ramping."""
+        if previous is None or self.capacity is None:
+            return None
+        if obs.running + obs.waiting < (1 - self.headroom) * self.capacity:
             return None
         if self.refilled_at is not None and obs.time - self.refilled_at < self.settle_s:
             return None
         before, inflight_before = previous
+        if others - before >= self.rise:
+            # Somebody else grew on a loaded engine: keep the headroom from now on, even if our own growth at the
+            # same time makes the rise too uncertain to cut for (below).
+            self.seen_at = obs.time
         rise = others - before - max(0.0, obs.inflight - inflight_before)
         if rise < self.rise:
-            return None
-        if self.inner.ramping:
-            # Our first ramp: the clients that started with us ramp too, and a cut here would end it at the
-            # floor. Remember a neighbour may be about (rule "headroom"), but do not cut.
-            self.seen_at = obs.time
             return None
         return rise
 
