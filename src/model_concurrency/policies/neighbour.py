@@ -6,13 +6,13 @@ wrapper keeps its every decision while nobody else shows up, and adds three rule
 Observation (a policy never does I/O):
 
 * **onset**: on an engine loaded to its fill line at least (``1 − headroom`` of its capacity: the most it has
-  run since it first queued), the others' load (``running + waiting − inflight``: everything on the engine that
-  is not ours) rose by at least ``rise`` requests since the previous poll, beyond any growth of our own
-  in-flight ("rising while our in-flight is flat": our own calls may reach the engine's gauges late). Somebody
-  else's arrivals are taking the engine's last slots: cut at once to ``burst_fraction`` × the target (0, the
-  default, is the floor), and hold there. Below the fill line a rise finds free slots: no cut. A rise that our
-  own growth makes uncertain (or one during our first ramp, with ``cut_in_ramp`` False) still switches the
-  headroom on;
+  run since it first queued ``queue_share`` of its running requests), the others' load (``running + waiting −
+  inflight``: everything on the engine that is not ours) rose by at least ``rise`` requests since the previous
+  poll, beyond any growth of our own in-flight ("rising while our in-flight is flat": our own calls may reach the
+  engine's gauges late). Somebody else's arrivals are taking the engine's last slots: cut at once to
+  ``burst_fraction`` × the target (0, the default, is the floor), and hold there. Below the fill line a rise finds
+  free slots: no cut. A rise that our own growth makes uncertain (or one during our first ramp, with
+  ``cut_in_ramp`` False) still switches the headroom on;
 * **refill**: after ``min_active_s`` of holding, whichever comes first: the others' load halved since the
   previous poll (``exit_drop``; the tenant went idle), or rose by another ``rise`` (a fellow batch client saw
   the tenant leave first and refilled, which hides the fall from us), or the engine is back at the fill line
@@ -87,6 +87,10 @@ class AdaptiveNeighbour:
             batch's first ramp is protected (``interactive-bursts-2x``: TTFT p99 22.9x alone with False, 10.3x
             with True), at a price where fellow clients start together and their doublings on an engine that
             has just queued read as onsets (docs/neighbour.md, ``multi-client``).
+        queue_share: the engine's capacity (the fill line's base) is known from its first queue of at least this
+            share of its running requests (default 0.02, >= 0): one request caught between two steps queues
+            for a moment on an engine far from full (94 of 256 in ``multi-client``), and a fill line drawn
+            there had fellow clients' ramps read as onsets (Jain 0.74 -> 0.84; docs/neighbour.md).
         adaptive: parameters of the wrapped ``adaptive`` policy (a preset's ``[adaptive]`` table); None: its
             defaults.
     """
@@ -100,6 +104,7 @@ class AdaptiveNeighbour:
     headroom: float = 0.25
     memory_s: float = 600.0
     cut_in_ramp: bool = True
+    queue_share: float = 0.02
     adaptive: Mapping[str, Any] | None = None
     inner: Adaptive = field(init=False, repr=False)
     previous: tuple[float, float] | None = field(default=None, init=False)  # (others, inflight) at the last poll
@@ -108,7 +113,7 @@ class AdaptiveNeighbour:
     resume_to: float = field(default=0.0, init=False)  # the target the cut found
     seen_at: float | None = field(default=None, init=False)  # the last onset
     refilled_at: float | None = field(default=None, init=False)
-    capacity: float | None = field(default=None, init=False)  # the most the engine has run, from its first queue on
+    capacity: float | None = field(default=None, init=False)  # the most the engine has run since its first queue
 
     def __post_init__(self) -> None:
         if not self.rise > 0:
@@ -121,6 +126,8 @@ class AdaptiveNeighbour:
             raise ValueError("min_active_s must be >= 0 and <= max_active_s")
         if not (self.settle_s >= 0 and self.memory_s >= 0):
             raise ValueError("settle_s and memory_s must be >= 0")
+        if not self.queue_share >= 0:
+            raise ValueError(f"queue_share must be >= 0, got {self.queue_share}")
         if not 0 <= self.headroom < 1:
             raise ValueError(f"headroom must be in [0, 1), got {self.headroom}")
         self.inner = Adaptive(**dict(self.adaptive or {}))
@@ -138,9 +145,9 @@ class AdaptiveNeighbour:
     def next_target(self, target: float, obs: Observation) -> float:
         others = _others(obs)
         previous, self.previous = self.previous, (others, float(obs.inflight))
-        if (obs.waiting_capacity > 0 or self.capacity is not None) and obs.running > (self.capacity or 0.0):
-            # Known from the first queue on, and never below what the engine has run since: a request caught
-            # between two steps queues for a moment on an engine far from full (94 of 256 in multi-client).
+        queued = obs.waiting_capacity > 0 and obs.waiting_capacity >= self.queue_share * obs.running
+        if (queued or self.capacity is not None) and obs.running > (self.capacity or 0.0):
+            # Known from the first real queue on, and never below what the engine has run since.
             self.capacity = obs.running
         if self.active_since is not None:
             return self._hold(target, obs, others, previous)
