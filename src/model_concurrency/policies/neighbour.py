@@ -157,7 +157,9 @@ class AdaptiveNeighbour:
         if rise is not None:
             self.active_since, self.seen_at, self.onset_rise = obs.time, obs.time, rise
             self.resume_to = max(float(target), float(answer))
-            return _scaled(answer, self.burst_fraction * min(float(target), float(answer)))
+            # A plain number: the token budget goes unenforced while the cut holds, so the controller's floor holds
+            # too (a budget scaled down with the requests let one weighted call through at a time).
+            return self.burst_fraction * min(float(target), float(answer))
         return self._room(answer, obs)
 
     def _rise(
