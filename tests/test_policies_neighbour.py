@@ -70,7 +70,8 @@ def test_a_burst_onset_cuts_to_the_floor_and_holds() -> None:
     target = quiet_poll(policy, twin, 144, poll(12, 144, 50))  # others 56 -> 50: a fall is no onset
     # Others 50 -> 80 while our in-flight stayed at 144, on an engine loaded past its fill line (224 of 256 >=
     # 0.75 x 256 = 192): a rise of 30 >= 16, a neighbour's burst. Cut: 0, which the controller clamps to the floor.
-    assert policy.next_target(target, poll(24, 144, 80)) == 0
+    cut = policy.next_target(target, poll(24, 144, 80))
+    assert cut == 0 and getattr(cut, "tokens", None) is None  # no token budget: the controller's floor holds
     assert policy.active and policy.resume_to >= target and policy.onset_rise == 30
     # Held at whatever the controller made of it, the others' load steady, for as long as the burst lasts.
     assert policy.next_target(4, poll(36, 4, 85)) == 4

@@ -84,13 +84,13 @@ class AdaptiveNeighbour:
             headroom`` of its capacity full (default 0.25, in [0, 1); 0 switches it off).
         memory_s: how long after an onset the headroom is kept (default 600 s).
         cut_in_ramp: cut for an onset during our own first ramp too (default True): a burst that meets the
-            batch's first ramp is protected (``interactive-bursts-2x``: TTFT p99 22.9x alone with False, 10.3x
-            with True), at a price where fellow clients start together and their doublings on an engine that
-            has just queued read as onsets (docs/neighbour.md, ``multi-client``).
+            batch's first ramp is protected (``interactive-bursts-2x``: TTFT p99 20.3x alone with False, 10.1x
+            with True). False would spare fellow clients that start with us, whose doublings on an engine that
+            has just queued read as onsets, but measured no fairer (``multi-client``: Jain 0.76 against 0.77).
         queue_share: the engine's capacity (the fill line's base) is known from its first queue of at least this
             share of its running requests (default 0.02, >= 0): one request caught between two steps queues
             for a moment on an engine far from full (94 of 256 in ``multi-client``), and a fill line drawn
-            there had fellow clients' ramps read as onsets (Jain 0.74 -> 0.84; docs/neighbour.md).
+            there had fellow clients' ramps read as onsets (goodput 0.978 -> 0.995 of the oracle's; docs/neighbour.md).
         adaptive: parameters of the wrapped ``adaptive`` policy (a preset's ``[adaptive]`` table); None: its
             defaults.
     """
