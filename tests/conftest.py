@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from model_concurrency import config
+from model_concurrency import config, knobs
 from model_concurrency.runtime import reset_runtimes
 
 settings.register_profile(
@@ -16,21 +16,8 @@ settings.register_profile(
 )
 settings.load_profile("default")
 
-_KNOBS = [
-    "KG_ADAPTIVE_CONCURRENCY",
-    "MODEL_MAX_CONCURRENCY",
-    "MODEL_CONCURRENCY_POLL_S",
-    "MODEL_CONCURRENCY_TIMEOUT_S",
-    "MODEL_CONCURRENCY_GRACE_POLLS",
-    "MODEL_CONCURRENCY_RAMP_POLL_DIVISOR",
-    "MODEL_CONCURRENCY_POLL_JITTER",
-    "MODEL_CONCURRENCY_GROWTH_GUARD",
-    "MODEL_CONCURRENCY_OUTAGE_HANDOVER",
-    "MODEL_CONCURRENCY_POLICY",
-    "MODEL_CONCURRENCY_CONFIG",
-    "MODEL_CONCURRENCY_PROMETHEUS_URL",
-    "MODEL_CONCURRENCY_MAX_OUTAGE_S",
-]
+# Every runtime knob (the lab's stay: the suite sets MODEL_CONCURRENCY_FAST for the notebooks), from the one table.
+_KNOBS = [k.name for k in knobs.KNOBS if k.area == "runtime"]
 
 
 @pytest.fixture(autouse=True)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import struct
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from model_concurrency.emulator import METRICS_CONTENT_TYPE, EmulatorConfig, RunningEmulator, serve_in_thread
 from model_concurrency.emulator.openai_shapes import embedding_vector
+from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
 
@@ -130,25 +132,37 @@ def test_admin_capacity_visible_in_metrics() -> None:
 
 
 def test_max_num_seqs_shows_as_capacity_waiting() -> None:
-    # 0.02 simulated seconds per wall second: one bge-m3 step (≈3 ms) lasts ≈0.15 s on the wall clock.
-    with serve_in_thread(EmulatorConfig(preset="bge-m3", max_num_seqs=1, time_scale=0.02)) as emu:
+    """Past ``--max-num-seqs`` requests wait for capacity, and /metrics says so: one long generation holds the
+    only sequence (8,000 tokens, about a minute of engine time), three more calls wait, and the page shows exactly
+    running 1, waiting 3 (for capacity). Read once the three are in (an event, not a wall-clock window the page
+    must be scraped in); breaks if queued requests do not show as capacity waits or run past the cap."""
+    config = EmulatorConfig(preset="llama-8b-h100", max_num_seqs=1)
+    with serve_in_thread(config) as emu:
 
-        def embed(i: int) -> int:
-            r = httpx.post(f"{emu.base_url}/embeddings", json={"model": emu.model, "input": f"x{i}"}, timeout=60)
-            return r.status_code
+        async def main() -> tuple[float | None, int, list[int]]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                url = f"{emu.base_url}/completions"
 
-        seen: list[float] = []
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(embed, i) for i in range(4)]
+                async def snapshot() -> EngineSnapshot:
+                    return parse_vllm_metrics((await client.get(emu.metrics_url)).text, emu.model)
 
-            def waiting() -> bool:
-                snap = parse_vllm_metrics(httpx.get(emu.metrics_url).text, emu.model)
-                seen.append(snap.waiting_capacity or 0.0)
-                return (snap.waiting_capacity or 0) > 0 and snap.running == 1
+                body = {"model": emu.model, "prompt": "x", "max_tokens": 8000, "ignore_eos": True}
+                holder = asyncio.ensure_future(client.post(url, json=body))
+                while (await snapshot()).running < 1:
+                    await asyncio.sleep(0.01)
+                body = {"model": emu.model, "prompt": "y", "max_tokens": 4}
+                calls = [asyncio.ensure_future(client.post(url, json=body)) for _ in range(3)]
+                while emu.capacity()["inflight"] < 4:
+                    await asyncio.sleep(0.01)
+                snap = await snapshot()
+                holder.cancel()  # the client goes away: the engine aborts it and the three run
+                with contextlib.suppress(asyncio.CancelledError):
+                    await holder
+                return snap.waiting_capacity, snap.running, [r.status_code for r in await asyncio.gather(*calls)]
 
-            wait_until(waiting)
-            assert [f.result() for f in futures] == [200] * 4
-        assert max(seen) >= 1
+        waiting, running, statuses = asyncio.run(main())
+        assert (waiting, running) == (3, 1)
+        assert statuses == [200] * 3
 
 
 def test_engine_down_is_503_and_disconnect_aborts() -> None:

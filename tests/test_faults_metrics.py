@@ -5,9 +5,10 @@ left blocked (each call runs on a thread joined with a generous bound, never a t
 
 Each fault runs through three paths: a ``ModelRuntime`` on a fake clock (grace 3: ``[40, 40, 40, 4]``), and
 the application hooks ``resolve_capacity`` / ``aresolve_capacity`` on the real clock with ``POLL_S=0`` (every
-call polls) and ``GRACE_POLLS=1`` (``[40, 4]``). The timeout knob is 0.5 s (deadline 1 s), so the slow
-faults are the default 2 s / 4 s scaled down fourfold, and a fast fault (refused, TLS to a plain server) still
-fails for its own reason on a loaded 2-core machine; "one byte a second" is one byte every 0.1 s.
+call polls) and ``GRACE_POLLS=1`` (``[40, 4]``). The timeout knob is 0.5 s (deadline 1 s) while a slow fault
+(one that fails by the clock) serves, the default 2 s / 4 s scaled down fourfold; every other poll has 5 s, so a
+good page or a fault that fails for its own reason (a size cap, a refusal, TLS to a plain server) is never
+overtaken by the deadline on a loaded 2-core machine; "one byte a second" is one byte every 0.1 s.
 """
 
 from __future__ import annotations
@@ -80,9 +81,16 @@ def bomb() -> bytes:
     return gzip_bomb(100 * 1024 * 1024)  # 100 MiB of zeros in ~100 KiB
 
 
+# A scrape's timeout: generous for every poll, so a good page or a fault that fails for its own reason (a cap, a
+# parse error, a refusal) is never overtaken by the deadline on a loaded machine (8 MiB of a 100 MB body can take
+# longer than 1 s there); the faults that fail *by* the clock (``slow``) get 0.5 s (deadline 1 s) while they serve.
+TIMEOUT_S = "5"
+SLOW_TIMEOUT_S = "0.5"
+
+
 @pytest.fixture(autouse=True)
 def fast_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", "0.5")  # deadline 1 s
+    monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +157,18 @@ class Fault:
     name: str
     endpoint: Endpoint
     why: str | tuple[str, ...]  # what the one log line must say (any one of a tuple's)
+    slow: bool = False  # fails by the scrape's timeout or deadline: polled with the short one
+
+    @contextmanager
+    def serving(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+        """The fault's URL; a slow fault's polls meanwhile use the short timeout (the knob is read at each poll)."""
+        with self.endpoint() as url:
+            if self.slow:
+                monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", SLOW_TIMEOUT_S)
+            try:
+                yield url
+            finally:
+                monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", TIMEOUT_S)
 
 
 def says(text: str, why: str | tuple[str, ...]) -> bool:
@@ -159,8 +179,10 @@ FAULTS = [
     Fault("connection-refused", refused, "ScrapeError: ConnectError"),
     # The read timeout (0.5 s) fires first on an idle machine; on a loaded one the connect or the loop's start can
     # eat enough of the exchange's 1 s deadline that the deadline fires first. Either names the silent server.
-    Fault("accepts-never-answers", never_answers, ("ReadTimeout", "deadline")),
-    Fault("one-byte-per-tick-body", functools.partial(served, lambda: trickle(good_page(), 0.1)), "deadline"),
+    Fault("accepts-never-answers", never_answers, ("ReadTimeout", "deadline"), slow=True),
+    Fault(
+        "one-byte-per-tick-body", functools.partial(served, lambda: trickle(good_page(), 0.1)), "deadline", slow=True
+    ),
     Fault(
         "100MB-body",
         functools.partial(served, lambda: streamed(zeros(100 * 1024 * 1024), 100 * 1024 * 1024)),
@@ -271,7 +293,7 @@ def check_failed_polls(
 # -- the fault matrix --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
 def test_fault_through_a_live_controller(
-    fault: Fault, good: FaultServer, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    fault: Fault, good: FaultServer, clock: FakeClock, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     register(good)
     controller = controller_for("m")
@@ -279,7 +301,7 @@ def test_fault_through_a_live_controller(
     controller.clock = clock
     assert bounded(controller.target) == GOOD  # one good poll first, so holding and dropping differ
     ok_before, failed_before = polls("ok"), polls("failed")
-    with fault.endpoint() as url, caplog.at_level(logging.WARNING, "model_concurrency"):
+    with fault.serving(monkeypatch) as url, caplog.at_level(logging.WARNING, "model_concurrency"):
         point(controller, url)
         targets = []
         for _ in range(4):
@@ -307,7 +329,7 @@ def test_fault_through_resolve_capacity(
     assert bounded(lambda: resolve_capacity("m")) == GOOD
     controller = controller_for("m")
     assert controller is not None
-    with fault.endpoint() as url, caplog.at_level(logging.WARNING, "model_concurrency"):
+    with fault.serving(monkeypatch) as url, caplog.at_level(logging.WARNING, "model_concurrency"):
         point(controller, url)
         targets = [bounded(lambda: resolve_capacity("m")) for _ in range(2)]
     check_failed_polls(caplog, targets, [GOOD, FLOOR], fault.why)
@@ -328,7 +350,7 @@ def test_fault_through_aresolve_capacity(
         point(controller, url)
         return [await aresolve_capacity("m"), await aresolve_capacity("m")]
 
-    with fault.endpoint() as url, caplog.at_level(logging.WARNING, "model_concurrency"):
+    with fault.serving(monkeypatch) as url, caplog.at_level(logging.WARNING, "model_concurrency"):
         targets = bounded(lambda: asyncio.run(calls(url)))
     check_failed_polls(caplog, targets, [GOOD, FLOOR], fault.why)
 
@@ -345,6 +367,7 @@ def endless_head() -> Iterator[str]:
 def test_trickled_status_line_is_bounded_by_the_deadline_async(
     good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", SLOW_TIMEOUT_S)  # deadline 1 s
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0")
     monkeypatch.setenv("MODEL_CONCURRENCY_GRACE_POLLS", "0")
     register(good)
@@ -360,6 +383,7 @@ def test_trickled_status_line_is_bounded_by_the_deadline_async(
 def test_trickled_status_line_is_bounded_by_the_deadline_sync(
     good: FaultServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.setenv("MODEL_CONCURRENCY_TIMEOUT_S", SLOW_TIMEOUT_S)  # deadline 1 s
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0")
     monkeypatch.setenv("MODEL_CONCURRENCY_GRACE_POLLS", "0")
     register(good)

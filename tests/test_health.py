@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from prometheus_client import REGISTRY
 
@@ -167,3 +169,22 @@ def test_a_client_side_source_is_never_stale(clock: FakeClock) -> None:
     for _ in range(STALE_POLLS + 2):
         job.fan_out(8)
     assert get_utilization("cs")["signal_stale"] is False and get_utilization("cs")["metrics_ok"] is True
+
+
+def test_an_outage_shows_its_reason_and_age_until_a_call_gets_through(clock: FakeClock) -> None:
+    """A refused connection through ``slot()`` opens the outage hold; ``get_utilization`` names it and its age on
+    the runtime's clock, and a call sent after it that succeeds clears both."""
+    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = register_model("out", base_url=f"http://127.0.0.1:{port}/v1", max_parallel_calls=FLOOR)
+    install_runtime(ModelRuntime(spec, clock=clock))
+    assert (get_utilization("out")["outage"], get_utilization("out")["outage_s"]) == (None, None)
+    with contextlib.suppress(httpx.ConnectError), slot("out"):
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    clock.advance(7.5)
+    state = get_utilization("out")
+    assert (state["outage"], state["outage_s"]) == ("connection refused or reset", 7.5)
+    with slot("out"):  # the probe: the hold lets one call through once its backoff has passed on this clock
+        pass
+    assert (get_utilization("out")["outage"], get_utilization("out")["outage_s"]) == (None, None)

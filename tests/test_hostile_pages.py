@@ -1,8 +1,8 @@
 """Hostile pages where the target must hold: neither grow into them nor collapse (page_hold.py).
 
-Real loopback servers serve the pages; the clock is fake where the entry point allows it (a ``ModelRuntime``
-polled by ``target()``, as ``resolve_capacity`` does) and polls are counted, never timed, where it does not
-(``map_concurrent``'s poller thread).
+Real loopback servers serve the pages. The clock is fake where the entry point allows it (a ``ModelRuntime``
+polled by ``target()``, as ``resolve_capacity`` does), and virtual through ``map_concurrent`` (its loop's clock
+waits at each poll of the runtime's thread: tests/virtual_stack.py), so no claim depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from hypothesis import strategies as st
 
 from conftest import FakeClock
 from model_concurrency import get_utilization, map_concurrent, register_model
+from model_concurrency.lab.virtual_loop import VirtualTimeLoop
 from model_concurrency.observation import Observation
 from model_concurrency.page_hold import LIVELOCK, RETRACTION_LIVELOCK, WEDGED, PageHold
-from model_concurrency.runtime import ModelRuntime, reset_runtimes, runtime_for
+from model_concurrency.runtime import ModelRuntime, reset_runtimes
 from model_concurrency.signals.scrape import ScrapeLimits
 from model_concurrency.telemetry import snapshot
 from servers import Behaviour, EngineState, MetricsServer, SglangScheduler, metrics_server, sglang_page, vllm_page
+from virtual_stack import install_on_loop, run_virtual
 
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
 POLL_S = 120.0  # one poll every two minutes: an hour is 30 polls (each a real scrape)
@@ -165,82 +167,78 @@ def test_a_real_queue_still_cuts(clock: FakeClock) -> None:
         assert max(targets[-20:]) <= 2 * capacity
 
 
-def wedged_run() -> tuple[bool, list[int]]:
-    """One wedge through map_concurrent on the wall clock: whether the engine was wedged, and the target per poll
-    from the moment it was (the first entry is the level the wedge met)."""
-    reset_runtimes()  # each run starts from the floor with a fresh runtime
-    with metrics_server() as server:
-        register_model("m", base_url=f"{server.url}/v1", served_model_name=SERVED, max_parallel_calls=4)
-        runtime = runtime_for("m")
-        engine = Engine(running=lambda: runtime.inflight())
-        server.behaviour = Behaviour(render=engine.render)
-        levels: list[int] = []
-
-        async def items() -> AsyncIterator[int]:
-            i, seen = 0, 0
-            while runtime.core.polls < 36:
-                if runtime.current() >= 32 and not engine.wedged:
-                    engine.wedged, seen = 1, runtime.core.polls
-                    levels.append(runtime.current())
-                if engine.wedged and runtime.core.polls > seen:
-                    levels.append(runtime.current())
-                yield i
-                i += 1
-
-        async def call(i: int) -> int:
-            await asyncio.sleep(0.01)
-            return i
-
-        asyncio.run(map_concurrent(items(), call, model="m"))
-        assert get_utilization("m")["saturated"] is False
-        return bool(engine.wedged), levels
-
-
 def test_map_concurrent_holds_through_a_wedged_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate's own in-flight count (not the engine's gauge) shows room appeared, and the wedge is held.
 
-    The wedge is proven from calls that completed between two polls 0.05 s apart on the wall clock; on a loaded
-    machine an interval can pass with too few of them, and the policy then cuts as it would for a real queue. So
-    the hold must show in one of three runs; without the page hold every run falls to the floor (4)."""
+    The wedge is proven from calls that completed between two polls; on virtual time (each call 10 ms, a poll every
+    50 ms) an interval holds the same calls on any machine. Without the page hold the target falls to the floor."""
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0.05")
-    runs = []
-    for _ in range(3):
-        wedged, levels = wedged_run()
-        assert wedged and len(levels) > 8, levels
-        runs.append(levels)
-        start = levels[0]
-        if min(levels) >= int(0.8 * start) - 1 and levels[-1] >= start:
-            return
-    raise AssertionError(f"the target did not hold through the wedge in any of 3 runs: {runs}")
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLL_JITTER", "0")
+    reset_runtimes()  # start from the floor with a fresh runtime
+    with metrics_server() as server:
+        register_model("m", base_url=f"{server.url}/v1", served_model_name=SERVED, max_parallel_calls=4)
+        levels: list[int] = []
+
+        async def main(loop: VirtualTimeLoop) -> Engine:
+            runtime = install_on_loop(loop, "m")
+            engine = Engine(running=lambda: runtime.inflight())
+            server.behaviour = Behaviour(render=engine.render)
+
+            async def items() -> AsyncIterator[int]:
+                i, seen = 0, 0
+                while runtime.core.polls < 36:
+                    if runtime.inflight() >= 32 and not engine.wedged:  # the gate took the room: wedge it
+                        engine.wedged, seen = 1, runtime.core.polls
+                        levels.append(runtime.current())
+                    if engine.wedged and runtime.core.polls > seen:
+                        levels.append(runtime.current())
+                    yield i
+                    i += 1
+
+            await map_concurrent(items(), call_10ms, model="m")
+            return engine
+
+        engine = run_virtual(main)
+        assert get_utilization("m")["saturated"] is False
+    assert engine.wedged and len(levels) > 8, levels
+    start = levels[0]
+    assert min(levels) >= int(0.8 * start) - 1 and levels[-1] >= start, levels
+
+
+async def call_10ms(i: int) -> int:
+    await asyncio.sleep(0.01)
+    return i
 
 
 def test_map_concurrent_holds_through_a_livelock_page(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the gate counting its calls, a livelock page would read as "saturated, served nothing": to the floor."""
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", "0.05")
+    monkeypatch.setenv("MODEL_CONCURRENCY_POLL_JITTER", "0")
     with metrics_server() as server:
         register_model("m", base_url=f"{server.url}/v1", served_model_name=SERVED, max_parallel_calls=4)
-        runtime = runtime_for("m")
-        engine = Engine(running=lambda: runtime.inflight())
-        server.behaviour = Behaviour(render=engine.render)
         levels: list[int] = []
 
-        async def items() -> AsyncIterator[int]:
-            i, since = 0, 0
-            while not engine.livelock or runtime.core.polls < since + 15:
-                if runtime.current() >= 32 and not engine.livelock:
-                    engine.livelock, since = True, runtime.core.polls + 1
-                if engine.livelock and runtime.core.polls >= since:
-                    levels.append(runtime.current())
-                if runtime.core.polls > 60:
-                    break
-                yield i
-                i += 1
+        async def main(loop: VirtualTimeLoop) -> tuple[Engine, ModelRuntime]:
+            runtime = install_on_loop(loop, "m")
+            engine = Engine(running=lambda: runtime.inflight())
+            server.behaviour = Behaviour(render=engine.render)
 
-        async def call(i: int) -> int:
-            await asyncio.sleep(0.01)
-            return i
+            async def items() -> AsyncIterator[int]:
+                i, since = 0, 0
+                while not engine.livelock or runtime.core.polls < since + 15:
+                    if runtime.inflight() >= 32 and not engine.livelock:
+                        engine.livelock, since = True, runtime.core.polls + 1
+                    if engine.livelock and runtime.core.polls >= since:
+                        levels.append(runtime.current())
+                    if runtime.core.polls > 60:
+                        break
+                    yield i
+                    i += 1
 
-        asyncio.run(map_concurrent(items(), call, model="m"))
+            await map_concurrent(items(), call_10ms, model="m")
+            return engine, runtime
+
+        engine, runtime = run_virtual(main)
         assert engine.livelock and levels, levels
         assert min(levels) == max(levels) >= 32, levels
         assert runtime.core.page_hold.reason == LIVELOCK

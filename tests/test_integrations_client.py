@@ -195,7 +195,9 @@ def test_asyncio_network_over_tls_and_its_timeouts(tmp_path: Path) -> None:
         silent = await _serve(_silent)
         tls_port = tls.sockets[0].getsockname()[1]
         silent_port = silent.sockets[0].getsockname()[1]
-        async with ShardedAsyncClient(verify=client_context, connections=4, per_shard=2, timeout=0.2) as client:
+        # Generous timeouts but the one under test (the silent server's read): ten TLS handshakes through four
+        # connections wait for a connection longer than 0.2 s on a loaded machine (httpx.PoolTimeout).
+        async with ShardedAsyncClient(verify=client_context, connections=4, per_shard=2, timeout=30) as client:
             got = await asyncio.gather(*(client.get(f"https://127.0.0.1:{tls_port}/p{i}") for i in range(10)))
             assert [r.text for r in got] == [f"/p{i}" for i in range(10)]
             async with client.stream("GET", f"https://127.0.0.1:{tls_port}/big", timeout=30) as big:
@@ -205,7 +207,7 @@ def test_asyncio_network_over_tls_and_its_timeouts(tmp_path: Path) -> None:
                     await asyncio.sleep(0)  # a consumer slower than loopback
             assert size == 3 << 20
             with pytest.raises(httpx.ReadTimeout):
-                await client.get(f"http://127.0.0.1:{silent_port}/")
+                await client.get(f"http://127.0.0.1:{silent_port}/", timeout=httpx.Timeout(30, read=0.2))
             call = asyncio.ensure_future(client.get(f"http://127.0.0.1:{silent_port}/", timeout=30))
             await asyncio.sleep(0.05)
             call.cancel()

@@ -16,15 +16,17 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from fault_servers import fault_server, refused_url
+from fault_servers import Fixed, fault_server, refused_url
 from model_concurrency import gate_stats, map_concurrent, map_concurrent_sync, slot
 from model_concurrency.config import register_model
+from model_concurrency.gate.hold import FIRST_PROBE_S
 from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.integrations.httpx import SlotTransport
 from model_concurrency.runtime import ModelRuntime, install_runtime, runtime_for
 from model_concurrency.signals.source import ClientOnlySource
 
 ITEMS = 40
+TARGET = 16  # kept by a fixed policy: the limit after an outage is exactly the one before, whenever a poll falls
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -38,55 +40,67 @@ class _Ok(BaseHTTPRequestHandler):
         self.wfile.write(b"ok")
 
 
+class LateServer:
+    """Nothing listens at ``url`` (connections refused) until :meth:`start`, which binds and listens before it
+    returns (so the next connection is accepted, however slow the machine); a thread then answers 200 "ok".
+
+    The tests start it on an event of the outage (after the first failed probe), never after a wall-clock delay:
+    how many probes fit in a delay depends on the machine's speed (tests/test_outage_virtual.py times them)."""
+
+    def __init__(self, url: str, *, never: bool = False) -> None:
+        self.url, self.never = url, never
+        self.server: ThreadingHTTPServer | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.server is not None:
+                return
+            parts = urlsplit(self.url)
+            server = ThreadingHTTPServer((parts.hostname or "127.0.0.1", parts.port or 80), _Ok)
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            self.server = server
+
+    def start_after_a_failed_probe(self, runtime: ModelRuntime) -> None:
+        """Called before each attempt: the server is up for every attempt after the first failed probe."""
+        if runtime.limiter.hold.outage.probes_failed >= 1 and not self.never:
+            self.start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
 @contextmanager
-def comes_up_later(url: str, after_s: float) -> Iterator[None]:
-    """Nothing listens at ``url`` (connections refused) until ``after_s`` has passed; then a server answers 200."""
-    parts = urlsplit(url)
-    servers: list[ThreadingHTTPServer] = []
-
-    def start() -> None:
-        server = ThreadingHTTPServer((parts.hostname or "127.0.0.1", parts.port or 80), _Ok)
-        server.daemon_threads = True
-        servers.append(server)
-        server.serve_forever(poll_interval=0.05)
-
-    timer = threading.Timer(after_s, start)
-    timer.start()
+def late_server(*, never: bool = False) -> Iterator[LateServer]:
+    server = LateServer(refused_url(), never=never)
     try:
-        yield
+        yield server
     finally:
-        timer.cancel()
-        for server in servers:
-            server.shutdown()
-            server.server_close()
-        timer.join(5)
-
-
-class HoldTarget:
-    """A policy that keeps whatever target it is given: the limit after an outage is then exactly the target it
-    had before, whenever a poll happens to fall (the default policy would grow a window our calls filled)."""
-
-    def next_target(self, target: float, obs: object) -> float:
-        return target
+        server.close()
 
 
 def model(floor: int = 4) -> ModelRuntime:
     register_model("m", base_url=None, max_parallel_calls=floor)
     spec = runtime_for("m").spec
-    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), policy=HoldTarget()))
-    runtime.core.target_value = 16.0
+    runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), policy=Fixed(TARGET)))
+    runtime.core.target_value = float(TARGET)
     runtime.apply_limits()
     return runtime
 
 
-def fan_out(url: str, **kwargs: object) -> list[object]:
-    """map_concurrent over ITEMS GETs of ``url`` through one client (a client per call costs an SSL context)."""
+def fan_out(server: LateServer, runtime: ModelRuntime, **kwargs: object) -> list[object]:
+    """map_concurrent over ITEMS GETs of the server through one client (a client per call costs an SSL context);
+    the server comes up after the outage's first failed probe."""
 
     async def main() -> list[object]:
         async with httpx.AsyncClient(timeout=5) as client:
 
             async def call(_: int) -> str:
-                response = await client.get(url)
+                server.start_after_a_failed_probe(runtime)
+                response = await client.get(server.url)
                 response.raise_for_status()
                 return response.text
 
@@ -105,46 +119,54 @@ def get(url: str) -> str:
 
 
 def test_an_outage_holds_items_until_the_model_returns() -> None:
-    """With retries=, every item succeeds; without, only the calls in flight when it broke and the failed probes
-    fail, not the whole list."""
+    """Over real sockets, the model down until its first failed probe: with retries= every item succeeds; without,
+    only the calls in flight when it broke (at most the target's 16) and the one failed probe fail, not the whole
+    list. One outage, one failed probe (the next one finds the server): breaks if the hold lets more than one
+    probe out, counts the wave's refusals as probes, or does not restore the target. The exact probe times are
+    in tests/test_outage_virtual.py."""
     runtime = model()
-    url = refused_url()
-    with comes_up_later(url, 0.5):
-        results = fan_out(url, retries=4)
+    with late_server() as server:
+        results = fan_out(server, runtime, retries=4)
     assert results == ["ok"] * ITEMS
     outage = runtime.limiter.hold.outage
-    assert (outage.opened, outage.active, runtime.limiter.limit) == (1, False, 16)
-    assert gate_stats("m").errors <= 16 + 6  # the first wave (the target's worth) and a few probes, not 40 items
+    assert (outage.opened, outage.probes_failed, outage.active, runtime.limiter.limit) == (1, 1, False, TARGET)
+    assert gate_stats("m").errors <= TARGET + 1  # the first wave (the target's worth) and the one probe, not 40 items
 
     runtime = model()
-    url = refused_url()
-    with comes_up_later(url, 0.5):
-        results = fan_out(url, return_exceptions=True)
+    with late_server() as server:
+        results = fan_out(server, runtime, return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     assert all(isinstance(e, httpx.ConnectError) for e in failed)
-    assert len(failed) <= 16 + 6
-    assert results.count("ok") == ITEMS - len(failed) >= ITEMS - 22
+    assert runtime.limiter.hold.outage.probes_failed == 1
+    assert len(failed) <= TARGET + 1
+    assert results.count("ok") == ITEMS - len(failed) >= ITEMS - TARGET - 1
 
 
 def test_threads_wait_out_an_outage_too() -> None:
+    """The same through map_concurrent_sync's threads: one outage, one failed probe, every item succeeds."""
     runtime = model()
-    url = refused_url()
-    with comes_up_later(url, 0.5):
-        results = map_concurrent_sync(range(ITEMS), lambda _: get(url), model="m", retries=4)
+    with late_server() as server:
+
+        def call(_: int) -> str:
+            server.start_after_a_failed_probe(runtime)
+            return get(server.url)
+
+        results = map_concurrent_sync(range(ITEMS), call, model="m", retries=4)
     assert results == ["ok"] * ITEMS
-    assert runtime.limiter.hold.outage.opened == 1
-    assert not runtime.limiter.hold.outage.active
+    outage = runtime.limiter.hold.outage
+    assert (outage.opened, outage.probes_failed, outage.active) == (1, 1, False)
 
 
 def test_items_fail_clearly_after_max_outage_s(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_MAX_OUTAGE_S", "0.4")
-    model()
-    url = refused_url()
-    results = fan_out(url, return_exceptions=True)
+    """Never up, max_outage_s 0.4: items fail unrun with ModelUnreachable, not by the hundred against the port."""
+    runtime = model()
+    with late_server(never=True) as server:
+        results = fan_out(server, runtime, return_exceptions=True)
     unreachable = [r for r in results if isinstance(r, ModelUnreachable)]
     refused = [r for r in results if isinstance(r, httpx.ConnectError)]
     assert len(unreachable) + len(refused) == ITEMS
-    assert len(refused) <= 16 + 4  # tried: the first wave and the probes; the rest waited, then failed unrun
+    assert len(refused) <= TARGET + 4  # tried: the first wave and the probes; the rest waited, then failed unrun
     assert "MODEL_CONCURRENCY_MAX_OUTAGE_S" in str(unreachable[0])
     assert gate_stats("m").errors == len(refused)
 
@@ -172,15 +194,16 @@ def test_a_proxys_502_holds_slot_callers_until_a_call_succeeds() -> None:
 
     with fault_server(respond) as server, httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
         assert client.get(server.url).status_code == 502
-        assert runtime.limiter.hold.outage.active and runtime.limiter.limit == 1
-        assert runtime.held_for() > 0
+        outage = runtime.limiter.hold.outage
+        assert outage.active and runtime.limiter.limit == 1
+        assert outage.since is not None and runtime.limiter.hold.remaining(outage.since) == pytest.approx(FIRST_PROBE_S)
         assert client.get(server.url).status_code == 502  # the probe, after the hold: backs off
         assert runtime.limiter.hold.outage.backoff_s == 0.5
         with slot("m"):  # waits for the next probe time, then holds the one probe slot
             assert runtime.held_for() == 0
         assert client.get(server.url).status_code == 200
     assert not runtime.limiter.hold.outage.active
-    assert runtime.limiter.limit == 16
+    assert runtime.limiter.limit == TARGET
 
 
 def test_the_outage_state_exact() -> None:
@@ -221,9 +244,13 @@ def test_the_wrapped_openai_client_opens_and_ends_an_outage() -> None:
     with pytest.raises(openai.APIConnectionError):
         client.embeddings.create(model="x", input="a")
     assert runtime.limiter.hold.outage.active and runtime.limiter.limit == 1
-    with comes_up_later(url, 0.0):
+    server = LateServer(url)
+    server.start()  # listening before the call: the probe after the hold finds it, however slow the machine
+    try:
         retrying = wrap(openai.OpenAI(base_url=url, api_key="k", max_retries=1), model="m")
         with pytest.raises(openai.APIStatusError):  # the test server answers 200 "ok" to GET only: 501 to POST
             retrying.embeddings.create(model="x", input="a")
+    finally:
+        server.close()
     assert not runtime.limiter.hold.outage.active
-    assert runtime.limiter.limit == 16
+    assert runtime.limiter.limit == TARGET

@@ -37,8 +37,10 @@ def saturated(target: float, *, running: float, time: float, blocks: int | None 
 def test_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
     p = Adaptive()
     targets = [4.0]
-    # Completions per 12 s poll: each doubling buys +90 %, +80 %, then only +10 % (the engine's knee).
-    for i, calls in enumerate([0, 10, 19, 34, 37]):
+    # Completions per 12 s poll: each doubling buys +100 %, +100 %, then only +9 % (the engine's knee). One
+    # round trip of the window a poll (calls = in flight), so each poll doubles once; the last interval's 35
+    # completions are a round trip of the 32 held before it, so its rate is a fair test of that window.
+    for i, calls in enumerate([0, 8, 16, 32, 35]):
         targets.append(p.next_target(targets[-1], full(targets[-1], time=12.0 * i, calls=calls)))
     assert targets == [4, 8, 16, 32, 64, 65]
     assert p.w_max == 64  # the full pipe becomes the goal

@@ -86,6 +86,18 @@ def test_no_onset_below_the_fill_line() -> None:
     assert policy.seen_at is None
 
 
+def test_no_onset_on_a_one_step_engine() -> None:
+    """A pooling (embedding) engine: requests complete without generating a token. No first token to protect,
+    and polls far faster than the seconds the rules hold for: the others' rise is adaptive's business alone."""
+    policy, twin = settled()
+    target = quiet_poll(
+        policy, twin, 144, dataclasses.replace(poll(12, 144, 50), completed=30.0, generation_tokens=0.0)
+    )
+    assert policy.inner.one_step
+    quiet_poll(policy, twin, target, dataclasses.replace(poll(24, 144, 80), completed=30.0, generation_tokens=0.0))
+    assert policy.seen_at is None
+
+
 def test_our_own_growth_is_discounted_from_the_others_rise() -> None:
     policy, twin = settled()
     target = quiet_poll(policy, twin, 144, poll(12, 144, 50))

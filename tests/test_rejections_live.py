@@ -20,6 +20,7 @@ from model_concurrency.integrations.httpx import SlotTransport
 from model_concurrency.integrations.openai import wrap
 from model_concurrency.runtime import ModelRuntime, install_runtime, reset_runtimes, runtime_for
 from model_concurrency.signals.source import ClientOnlySource
+from model_concurrency.signals.vllm import parse_vllm_metrics
 
 HELD = 40  # calls in flight when the refusal comes back: a cut leaves int(0.9 x 40) = 36, a gentle one 37
 START = 64
@@ -141,24 +142,36 @@ def test_refusals_of_one_flight_cut_once() -> None:
 
 
 def test_queue_cap_admits_up_to_the_cap() -> None:
-    """Without a cap nothing is refused; with one, calls past it are (503, vLLM's style) and the rest served."""
+    """Without a cap nothing is refused. With ``--max-num-seqs 1 --max-num-queued-reqs 2``, over real sockets:
+    one long generation holds the only sequence (8,000 tokens: about a minute of engine time), then eight calls
+    are sent at once. Exactly the cap's two are queued and later served; the other six are refused at once with
+    vLLM's 503. Counted once the holder runs (seen on /metrics), so no arrival order or machine speed can change
+    it; breaks if the cap counts running requests, admits past it, or refuses in another style."""
     fresh_runtime()
     with serve_in_thread(EmulatorConfig(preset="bge-m3")) as emu:
         assert via_transport(emu) == 200
-    config = EmulatorConfig(preset="bge-m3", max_num_seqs=1, max_num_queued_reqs=2)
+    config = EmulatorConfig(preset="llama-8b-h100", max_num_seqs=1, max_num_queued_reqs=2)
     with serve_in_thread(config) as emu:
-        emu.set_capacity(speed=0.01)  # each call holds the one sequence long enough for the others to queue
 
-        async def main() -> list[int]:
-            async with httpx.AsyncClient(timeout=30) as client:
-                body = {"model": emu.model, "input": "x"}
-                responses = await asyncio.gather(
-                    *(client.post(f"{emu.base_url}/embeddings", json=body) for _ in range(8))
-                )
-                return sorted(r.status_code for r in responses)
+        async def main() -> tuple[list[int], list[int]]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                url = f"{emu.base_url}/completions"
+                body = {"model": emu.model, "prompt": "x", "max_tokens": 8000, "ignore_eos": True}
+                holder = asyncio.ensure_future(client.post(url, json=body))
+                while parse_vllm_metrics((await client.get(emu.metrics_url)).text, emu.model).running < 1:
+                    await asyncio.sleep(0.01)
+                body = {"model": emu.model, "prompt": "y", "max_tokens": 4}
+                calls = [asyncio.ensure_future(client.post(url, json=body)) for _ in range(8)]
+                for _ in range(3000):  # until six answered (at most 30 s; the holder runs for about a minute)
+                    if sum(c.done() for c in calls) >= 6:
+                        break
+                    await asyncio.sleep(0.01)
+                early = sorted(c.result().status_code for c in calls if c.done())
+                holder.cancel()  # the client goes away: the engine aborts it and the queued two run
+                with contextlib.suppress(asyncio.CancelledError):
+                    await holder
+                return early, sorted(r.status_code for r in await asyncio.gather(*calls))
 
-        statuses = asyncio.run(main())
-        assert set(statuses) == {200, 503}
-        # The two the queue holds are always admitted; a third when the first was already running as the rest
-        # arrived (the eight race the engine's first step, so it may not be).
-        assert statuses.count(200) >= 2
+        early, statuses = asyncio.run(main())
+        assert early == [503] * 6  # refused at once, while the two queued still wait for the sequence
+        assert statuses == [200] * 2 + [503] * 6

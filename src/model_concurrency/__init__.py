@@ -6,7 +6,15 @@ Importing this package needs only httpx and prometheus_client; the simulator, CL
 
 from model_concurrency.config import ModelSpec, UnknownModelError, load_config, register_model, setting
 from model_concurrency.controller import ControllerCore
-from model_concurrency.gate import GateStats, gate_stats, imap_concurrent, map_concurrent, map_concurrent_sync, slot
+from model_concurrency.gate import (
+    GateStats,
+    ModelUnreachable,
+    gate_stats,
+    imap_concurrent,
+    map_concurrent,
+    map_concurrent_sync,
+    slot,
+)
 from model_concurrency.hooks import (
     adaptive_capacity,
     aresolve_capacity,
@@ -27,6 +35,7 @@ __all__ = [
     "GateStats",
     "ModelRuntime",
     "ModelSpec",
+    "ModelUnreachable",
     "Observation",
     "Policy",
     "UnknownModelError",

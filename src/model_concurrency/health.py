@@ -143,27 +143,31 @@ class HealthWatch:
                     target,
                     what,
                 )
-        if new.signal_stale != old.signal_stale:
-            if new.signal_stale:
-                log.warning(
-                    "model %s: the metrics page has not moved for %d polls while our calls completed: a stale "
-                    "signal (a cached exporter, a stopped series, or another engine's page?)",
-                    name,
-                    self.frozen_polls,
-                )
-            else:
-                log.info("model %s: the metrics page moves again", name)
-        if new.limit_unreached != old.limit_unreached:
-            if new.limit_unreached:
-                log.warning(
-                    "model %s: in flight stayed below the limit %d for %d polls: the gate limits nothing; the "
-                    "application sets the concurrency",
-                    name,
-                    limit,
-                    self.unreached_polls,
-                )
-            else:
-                log.info("model %s: in flight reaches the limit again", name)
+        _edge(
+            name,
+            (new.signal_stale, old.signal_stale),
+            "the metrics page has not moved for %d polls while our calls completed: a stale signal (a cached "
+            "exporter, a stopped series, or another engine's page?)",
+            (self.frozen_polls,),
+            "the metrics page moves again",
+        )
+        _edge(
+            name,
+            (new.limit_unreached, old.limit_unreached),
+            "in flight stayed below the limit %d for %d polls: the gate limits nothing; the application sets the "
+            "concurrency",
+            (limit, self.unreached_polls),
+            "in flight reaches the limit again",
+        )
+
+
+def _edge(name: str, flag: tuple[bool, bool], raised: str, args: tuple[object, ...], cleared: str) -> None:
+    """A warning flag's edges in the log, ``flag`` being (now, before): a warning when it rises, info when it clears."""
+    now, before = flag
+    if now and not before:
+        log.warning("model %s: " + raised, name, *args)
+    elif before and not now:
+        log.info("model %s: " + cleared, name)
 
 
 _NO_PAGE = EngineSnapshot()

@@ -92,27 +92,19 @@ def poll_step(
     Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
     measures is the decision production makes.
     """
-    if snapshot is None:  # the client's own calls still go in: the guard judges an outage from them
-        failed = observe(
-            None,
-            None,
-            inflight=usage.inflight,
-            inflight_peak=usage.peak,
-            inflight_mean=usage.mean,
-            time=now,
-            calls=calls,
-        )
-        return core.update(failed, reason or "no snapshot")
+    failed = snapshot is None  # the client's own calls still go in: the guard judges an outage from them
     obs = observe(
         snapshot,
-        core.last_snapshot,
+        None if failed else core.last_snapshot,
         inflight=usage.inflight,
         inflight_peak=usage.peak,
         inflight_mean=usage.mean,
-        inflight_tokens=usage.units,
+        inflight_tokens=None if failed else usage.units,
         time=now,
         calls=calls,
     )
+    if failed:
+        return core.update(obs, reason or "no snapshot")
     core.last_snapshot = snapshot
     return core.update(obs)
 
@@ -342,6 +334,8 @@ class ModelRuntime:
         snapshot = core.last_snapshot
         score = snapshot.gateway_saturation if core.last_ok and snapshot is not None else None
         gateway_saturation, gateway_saturated = gateway_view(core.last_ok, score)
+        outage = self.limiter.hold.outage
+        since = outage.since
         return RuntimeState(
             model=self.name,
             served_model_name=self.spec.served_name if self.spec is not None else None,
@@ -372,6 +366,8 @@ class ModelRuntime:
             signal_stale=self.health.signal_stale,
             limit_unreached=self.health.limit_unreached,
             counter_resets=self.health.counter_resets,
+            outage=outage.reason if since is not None else None,
+            outage_s=max(0.0, self.clock() - since) if since is not None else None,
         )
 
     def _refresh_knobs(self) -> None:
@@ -425,12 +421,17 @@ class ModelRuntime:
 
     def scheduled_poll_at(self) -> float | None:
         """When the background poller polls next: now while a poll (or the resize after it) is under way, None
-        while nothing is polled on schedule. A virtual-time harness stops its clock there until the poll is done,
-        as a wall clock would wait for it (lab/conformance.py)."""
+        while nothing is polled on schedule (nor during an outage: gate/outage.py pins the limit and no poll is
+        claimed). A virtual-time harness stops its clock there until the poll is done, as a wall clock would wait
+        for it (lab/conformance.py)."""
         with self._lock:
             if self._poller is None or self._closed.is_set():
                 return None
-            if self._polling or self.limiter.limit != self.current():
+            if self._polling:
+                return self.clock()
+            if self.limiter.hold.outage.active:
+                return None
+            if self.limiter.limit != self.current():
                 return self.clock()
             return self.core.next_poll_at
 

@@ -58,6 +58,10 @@ class RuntimeState:
     signal_stale: bool = False
     limit_unreached: bool = False
     counter_resets: int = 0
+    # The outage hold (gate/hold.py): why the model is held as unreachable by its own calls (the last failure),
+    # and for how long so far; None while its calls get through.
+    outage: str | None = None
+    outage_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""

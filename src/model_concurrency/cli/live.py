@@ -129,22 +129,14 @@ def emulate(args: argparse.Namespace) -> int:
 
     from model_concurrency.emulator import EmulatorConfig, serve
 
+    # The flags named as the config's fields:
+    same: tuple[str, ...] = ("preset", "max_num_seqs", "engines", "time_scale", "served_model_name", "frontends")
+    same += ("tokenizer", "max_model_len", "max_num_queued_reqs", "reject_style", "metrics_flavor", "scheduling_policy")
     config = EmulatorConfig(
-        preset=args.preset,
-        max_num_seqs=args.max_num_seqs,
-        engines=args.engines,
-        time_scale=args.time_scale,
-        served_model_name=args.served_model_name,
+        **{name: getattr(args, name) for name in same},
         simulate_frontend=not args.no_frontend_cost,
-        frontends=args.frontends,
         requests_per_minute=args.rpm,
         tokens_per_minute=args.tpm,
-        tokenizer=args.tokenizer,
-        max_model_len=args.max_model_len,
-        max_num_queued_reqs=args.max_num_queued_reqs,
-        reject_style=args.reject_style,
-        metrics_flavor=args.metrics_flavor,
-        scheduling_policy=args.scheduling_policy,
     )
     config.validate()  # unknown preset, bad counts, limits or tokenizer: fail before binding anything
     return serve(config, host=args.host, port=args.port, log_level=args.log_level)

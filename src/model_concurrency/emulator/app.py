@@ -72,6 +72,7 @@ class Emulator:
     async def _wait(self, http: HttpRequest, job: FrontJob) -> None:
         """Wait for the job to finish; a client disconnect or cancellation aborts it."""
         gone = asyncio.ensure_future(_disconnected(http))
+        events: asyncio.Future[tuple[str, Any]] | None = None
         try:
             while True:
                 events = asyncio.ensure_future(job.events.get())
@@ -89,6 +90,8 @@ class Emulator:
             raise
         finally:
             gone.cancel()
+            if events is not None:
+                events.cancel()  # this handler was cancelled while waiting: no task may be left on the queue
 
     # ------------------------------------------------------------------ endpoints
     async def embeddings(self, http: HttpRequest) -> Response:

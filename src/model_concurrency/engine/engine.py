@@ -26,7 +26,15 @@ from model_concurrency.engine.scheduler import Scheduler
 from model_concurrency.engine.stats import REQUEST_LATENCY_BUCKETS, EngineStats
 from model_concurrency.observation import Buckets, EngineSnapshot
 
-__all__ = ["Engine", "EngineDownError", "RequestTooLargeError", "combine_signals", "queue_buckets", "snapshot_of"]
+__all__ = [
+    "Engine",
+    "EngineDownError",
+    "RequestTooLargeError",
+    "combine_signals",
+    "cumulative_buckets",
+    "queue_buckets",
+    "snapshot_of",
+]
 
 _NEW = RequestState.NEW
 _FRONTEND = RequestState.FRONTEND
@@ -61,7 +69,11 @@ def queue_buckets(engines: Iterable[Engine]) -> Buckets:
     """The engines' queue-time histograms summed by bound, as cumulative pairs (what a page's buckets sum to).
 
     Kept out of :data:`Signals`, which the balancer reads at every step: the buckets are read only by a poll."""
-    per_bound = [sum(column) for column in zip(*(e.queue_counts() for e in engines), strict=True)]
+    return cumulative_buckets([sum(column) for column in zip(*(e.queue_counts() for e in engines), strict=True)])
+
+
+def cumulative_buckets(per_bound: list[int]) -> Buckets:
+    """Per-bucket queue-time counts (summed over engines) as a page's cumulative ``(le, count)`` pairs."""
     return tuple(zip(_QUEUE_BOUNDS, map(float, accumulate(per_bound)), strict=True))
 
 
@@ -186,29 +198,15 @@ class Engine(Scheduler):
         """:meth:`check_fits` then :meth:`enqueue` in one call, for a server's direct path (``arrival_time`` set).
 
         A saturated run submits a request every few microseconds of wall time and a Python call is ~0.3 µs, so
-        the server hands a request over in one call instead of four (``check_fits``, ``enqueue``, two ``now``).
+        the server hands a request over in two calls instead of five (``check_fits``, ``enqueue``, two ``now``):
+        the fit is checked inline and raises through :meth:`check_fits` only when the request does not fit.
         """
         prompt = request.prompt_tokens
         if prompt + request.output_tokens > (self.num_gpu_blocks - 1) * self.block_size or (
             prompt > self.max_num_batched_tokens and not self.chunked_prefill
         ):
             self.check_fits(request)  # raises, with the reason
-        request.queued_time = now
-        state = request.state
-        if state != _NEW and state != _FRONTEND:
-            raise ValueError(f"{request!r} was already submitted; a Request is single-use")
-        request.engine = self
-        if not self.up:
-            self._finish(request, ABORT)
-            return
-        request.state = _WAITING
-        if self.by_priority:
-            self._insert_waiting(request)
-        else:
-            self.waiting.append(request)
-        wake = self._wake
-        if wake is not None and not wake.triggered:
-            wake.succeed()
+        self._enqueue(request, now)
 
     def check_fits(self, request: Request) -> None:
         """Refuse what this engine could never run, as vLLM rejects prompts beyond its limits."""
@@ -346,7 +344,8 @@ class Engine(Scheduler):
         cached = self._signals
         if cached is None:
             stats = self._stats
-            stats.fold()  # the deferred observations (what the ``stats`` property does)
+            if stats.pending_finished or stats.pending_first:
+                stats.fold()  # the deferred observations (what the ``stats`` property does)
             blocks = self.num_gpu_blocks
             queue = stats.queue_time
             cached = self._signals = (
@@ -356,7 +355,7 @@ class Engine(Scheduler):
                 blocks,
                 blocks * self.block_size,
                 float(stats.num_preemptions),
-                float(stats.success_total),
+                float(sum(stats._finished.values())),  # success_total without its second fold
                 float(stats.generation_tokens),
                 queue.sum,
                 float(queue.count),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
+from operator import add, attrgetter
 from typing import Any, Literal
 
 import simpy
@@ -32,7 +32,7 @@ from model_concurrency.engine.engine import (
     EngineDownError,
     RequestTooLargeError,
     combine_signals,
-    queue_buckets,
+    cumulative_buckets,
     snapshot_of,
 )
 from model_concurrency.engine.metrics import make_registry
@@ -100,6 +100,15 @@ def add_buckets(histograms: list[Buckets]) -> Buckets | None:
     for h in histograms:
         totals = [acc + count for acc, (_, count) in zip(totals, h, strict=True)]
     return tuple(zip(bounds, totals, strict=True))
+
+
+def add_counts(histograms: list[list[int]]) -> list[int]:
+    """Bucket counts (equal lengths) added bucket by bucket: a few list-wide ``map(add)`` instead of a ``sum`` per
+    bucket (a fleet's polls add a server's four engines, then sixteen servers, every poll)."""
+    total = histograms[0]
+    for counts in histograms[1:]:
+        total = list(map(add, total, counts))
+    return total if len(histograms) > 1 else list(total)
 
 
 def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
@@ -204,6 +213,10 @@ class Server:
         self.name = name
         self.up = True
         self._signals: Signals | None = None  # the page's sum while no engine of it changes
+        # The live engines' queue-time bucket counts summed, and the signals they were summed with (the key: a new
+        # signals tuple means an engine changed since).
+        self._counts: list[int] = []
+        self._counts_of: Signals | None = None
         self.engines: list[Engine] = []
         self.frontend = preset.frontend
         self._frontend_free = preset.frontend.free
@@ -261,31 +274,22 @@ class Server:
     def submit(self, request: Request) -> Any:
         """Send a request; returns a SimPy event that succeeds with the request when it finishes (or aborts).
 
-        The common case (server up, no front-end cost, one engine core) is written out here and hands the request
-        to the engine in one call: at hundreds of thousands of requests per simulated hour, each Python call on
-        this path costs about a percent of the run. Anything else goes through :meth:`_accept`.
+        The common case (server up, no front-end cost, one engine core) hands the request to the engine in two
+        calls (:meth:`_send`, the engine's ``_accept``): at hundreds of thousands of requests per simulated hour,
+        each Python call on this path costs about a percent of the run.
         """
-        env = self.env
-        done = request.done = simpy.Event(env)
-        engines = self.engines
-        if self.up and self._frontend_free and len(engines) == 1:
-            now = env.now
-            request.arrival_time = now
-            self.submitted += 1
-            self.inflight += 1
-            try:
-                engines[0]._accept(request, now)
-            except RequestTooLargeError:  # refused as vLLM answers 400: never accepted, so not counted
-                self.submitted -= 1
-                self.inflight -= 1
-                raise
-        else:
-            self._accept(request)
+        done = request.done = simpy.Event(self.env)
+        self._send(request)
         return done
 
     def submit_callback(self, request: Request, on_finish: Callable[[Request], None]) -> None:
         """Send a request; ``on_finish(request)`` is called when it finishes (or aborts). No event is created."""
         request.on_finish = on_finish
+        self._send(request)
+
+    def _send(self, request: Request) -> None:
+        """The common case (server up, no front-end cost, one engine core) straight to the engine; else
+        :meth:`_accept`."""
         engines = self.engines
         if self.up and self._frontend_free and len(engines) == 1:
             now = self.env.now
@@ -335,9 +339,10 @@ class Server:
             return
         # The API server works requests FIFO on its workers; the engine sees the request when that work is done.
         frontend = self.frontend
-        free_at = heapq.heappop(self._frontend_free_at)
+        free_workers = self._frontend_free_at
+        free_at = free_workers[0]  # the worker free first takes it (heapreplace: the pop and the push in one call)
         done_at = max(now, free_at) + (frontend.fixed_ms + frontend.per_token_ms * prompt) / 1000.0
-        heapq.heappush(self._frontend_free_at, done_at)
+        heapq.heapreplace(free_workers, done_at)
         request.state = _FRONTEND
         self._in_frontend[request] = None
         # The transit latency holds no worker: it delays the request, not the ones behind it. The timeout carries
@@ -372,6 +377,8 @@ class Server:
                     load = 4 * len(candidate.waiting) + len(candidate.running)
                     if engine is None or load < best:
                         engine, best = candidate, load
+                        if not load:
+                            break  # an idle engine: none after it can be less loaded (first of equals)
             if engine is not None:
                 engine._enqueue(request, self.env.now)  # enqueue(): arrival_time is set (_accept) before routing
                 return
@@ -397,7 +404,18 @@ class Server:
         """The page's signals summed over engines, equal to ``parse_vllm_metrics(render_metrics(), model_name)``."""
         if not self.up:
             raise EngineDownError(f"{self.name} is down")
-        return snapshot_of(self.signals(), queue_buckets(e for e in self.engines if e.up))
+        return snapshot_of(self.signals(), cumulative_buckets(self.queue_counts()))
+
+    def queue_counts(self) -> list[int]:
+        """The live engines' queue-time histogram counts summed by bucket (not cumulative), kept with the signals.
+
+        A fleet's every poll sums the buckets of every engine; summing a server's once per change of its signals
+        (counts are ints: the order of the additions does not matter) leaves the poll a sum over replicas."""
+        signals = self.signals()  # folds every live engine first (what Engine.queue_counts does for one)
+        if self._counts_of is not signals:
+            self._counts = add_counts([e._stats.queue_time.counts for e in self.engines if e.up])
+            self._counts_of = signals
+        return self._counts
 
     def signals(self) -> Signals:
         """:meth:`snapshot`'s values, kept until an engine of this server changes (``Engine._stale`` drops them)."""
@@ -502,9 +520,8 @@ class Fleet:
     def snapshot(self) -> EngineSnapshot:
         """``sum by (model_name)`` over live replicas, KV usage the maximum (a Prometheus-API fleet source)."""
         up = [s for s in self.replicas if s.up]
-        return snapshot_of(
-            combine_signals([s.signals() for s in up]), queue_buckets(e for s in up for e in s.engines if e.up)
-        )
+        signals = combine_signals([s.signals() for s in up])
+        return snapshot_of(signals, cumulative_buckets(add_counts([s.queue_counts() for s in up])))
 
     def render_metrics(self, replica: int) -> str:
         return self.replicas[replica].render_metrics()

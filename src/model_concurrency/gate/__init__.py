@@ -2,9 +2,10 @@
 
 Layers, bottom up: :mod:`.limiter` (pure bookkeeping, the invariant), :mod:`.model_limiter` (that core under a
 lock, waking asyncio and thread waiters; one per model), :mod:`.pool` (one self-shrinking thread pool per model),
-:mod:`.target` (a fan-out's hold on its model's runtime), then the fronts :mod:`.aio`, :mod:`.threaded` and
-:mod:`.slot`. The limiters belong to the model runtimes (:mod:`model_concurrency.runtime`); resetting those drops
-pools and stats through the hook registered here; calls in flight keep the objects they hold.
+:mod:`.target` (a fan-out's hold on its model's runtime), :mod:`.fanout` (the bookkeeping both fan-outs share),
+then the fronts :mod:`.aio`, :mod:`.threaded` and :mod:`.slot`. The limiters belong to the model runtimes
+(:mod:`model_concurrency.runtime`); resetting those drops pools and stats through the hook registered here; calls
+in flight keep the objects they hold.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The asyncio front of the gate: ``map_concurrent`` and ``imap_concurrent``.
 
-(Over 400 lines: map_concurrent and imap_concurrent with their typed overloads (a third of the file), workers,
-deadlines and retries.)
+(Over 400 lines: the worker tasks with their three ways of taking a slot, imap_concurrent's bounded stream, the
+hand-off of sync calls to threads, and the typed overloads of two public functions; the bookkeeping shared with
+map_concurrent_sync is in gate/fanout.py.)
 
 A fan-out is a handful of worker tasks, never a task per item: each worker pulls the next item, takes a slot of
 the model's limiter, runs ``fn`` inline, releases in ``finally`` and records the outcome. So a generator of a
@@ -28,18 +29,28 @@ import asyncio
 import inspect
 import threading
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from enum import Enum
 from time import perf_counter
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
+from model_concurrency.gate.fanout import (
+    PENDING,
+    AsyncFn,
+    FanOptions,
+    Fanout,
+    Fn,
+    Items,
+    call_holding,
+    is_async_callable,
+    raise_first,
+)
 from model_concurrency.gate.hold import wait_hold_async
 from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
 from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import WorkerPool, pool_for
-from model_concurrency.gate.retries import retry_policy
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
+from model_concurrency.gate.target import REFRESH_S, Target, weigh
 
 __all__ = ["WorkerMode", "imap_concurrent", "is_async_callable", "map_concurrent", "raise_first"]
 
@@ -47,7 +58,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _END: Any = object()
-_PENDING: Any = object()
 
 
 class WorkerMode(Enum):
@@ -63,35 +73,19 @@ GATED, PINNED = WorkerMode.GATED, WorkerMode.PINNED
 BORROWED, OPPORTUNISTIC = WorkerMode.BORROWED, WorkerMode.OPPORTUNISTIC
 
 
-def is_async_callable(fn: Callable[..., Any]) -> bool:
-    """``async def`` functions, partials of them, and objects whose ``__call__`` is ``async def``."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def raise_first(first: tuple[int, BaseException], more: list[tuple[int, BaseException]], where: str) -> None:
-    """Raise the first failure itself (so ``except SomeError`` works) with the others listed in its notes."""
-    index, exc = first
-    exc.add_note(f"{where}: item {index} failed first; no new item started after it")
-    if more:
-        listed = "; ".join(f"item {i}: {type(e).__name__}: {e}" for i, e in more[:10])
-        extra = f" (and {len(more) - 10} more)" if len(more) > 10 else ""
-        exc.add_note(f"{where}: {len(more)} more item(s) failed while running ones finished: {listed}{extra}")
-    raise exc
-
-
 def _being_cancelled() -> bool:
     """True when the current task has a cancellation request pending (as opposed to a callee raising one)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
 
-def _post(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+def _post(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     if future.done():
         return
-    if ok:
-        future.set_result(value)
+    if exc is None:
+        future.set_result(result)
     else:
-        future.set_exception(value)
+        future.set_exception(exc)
 
 
 class _ThreadJob:
@@ -115,19 +109,13 @@ class _ThreadJob:
         self.done = self.detached = False
 
     def run(self) -> None:
-        token = HOLDING.set(self.holding)
-        try:
-            value, ok = self.fn(self.value), True
-        except BaseException as exc:
-            value, ok = exc, False
-        finally:
-            HOLDING.reset(token)
+        result, exc = call_holding(self.fn, self.value, self.holding)
         with self.lock:
             self.done = True
             detached = self.detached
         if not detached:
             try:
-                self.loop.call_soon_threadsafe(_post, self.future, ok, value)
+                self.loop.call_soon_threadsafe(_post, self.future, result, exc)
                 return
             except RuntimeError:  # the loop is gone; nobody else will release
                 pass
@@ -143,28 +131,19 @@ class _ThreadJob:
             self.limiter.release(self.units)
 
 
-class _Run:
-    """One call of map_concurrent / imap_concurrent."""
+class _Run(Fanout):
+    """One call of map_concurrent / imap_concurrent: worker tasks on this loop around the shared bookkeeping."""
 
     def __init__(
         self,
         items: Iterable[Any] | AsyncIterable[Any],
         fn: Callable[[Any], Any],
         *,
-        model: str | None,
-        capacity: int | None,
-        return_exceptions: bool,
-        timeout: float | None,
         streaming: bool,
-        weight: Callable[[Any], float] | None = None,
-        retries: int = 0,
+        return_exceptions: bool,
+        **options: Unpack[FanOptions[Any]],
     ) -> None:
-        check_args(capacity, timeout)
-        check_weight(weight)
-        self.retry = retry_policy(retries)
-        self.weight = weight
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
+        super().__init__(fn, return_exceptions=return_exceptions, **options)
         self._it: Iterator[Any] | None = None
         self._ait: AsyncIterator[Any] | None = None
         if isinstance(items, AsyncIterable):
@@ -172,28 +151,19 @@ class _Run:
             self._pull_lock = asyncio.Lock()
         else:
             self._it = iter(items)
-        self.fn = fn
-        self.is_async = is_async_callable(fn)
-        self.target = Target(model, capacity)
-        self.return_exceptions = return_exceptions
-        self.timeout = timeout
+        self.target = Target(self.model, self.capacity)
         self.streaming = streaming
-        self.results: list[Any] = []
         # Streaming: finished (index, result) pairs wait here; workers wait for room when it holds ``bound``.
         self.buffer: deque[Any] = deque()
         self.bound = 64
         self.consumer_wake: asyncio.Future[None] | None = None
         self.room_wake: asyncio.Future[None] | None = None
         self.next_index = 0
-        self.stopped = self.exhausted = False
-        self.first_error: tuple[int, BaseException] | None = None
-        self.more_errors: list[tuple[int, BaseException]] = []
-        self.fatal: BaseException | None = None
+        self.exhausted = False
         self.alive = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] | None = None
         self.nested = self.end_sent = False
-        self.holding: tuple[ModelLimiter, ...] = ()
         self.pool: WorkerPool | None = None
 
     # -- workers ---------------------------------------------------------------------------------------------
@@ -270,14 +240,12 @@ class _Run:
             self.exhausted = True
             return _END
         except Exception as exc:  # the caller's iterable failed: stop, drain, raise it
-            if self.fatal is None:
-                self.fatal = exc
-            self.stopped = True
+            self.fail(exc)
             return _END
         index = self.next_index
         self.next_index = index + 1
         if not self.streaming:
-            self.results.append(_PENDING)
+            self.results.append(PENDING)
         return index, value
 
     async def _worker(self, mode: WorkerMode) -> None:
@@ -326,9 +294,7 @@ class _Run:
                     break
                 await self._run_item(item[0], item[1], limiter if releases else None, units, mode)
         except Exception as exc:  # a bug here, not in fn (fn's errors are caught per item): stop and raise it
-            if self.fatal is None:
-                self.fatal = exc
-            self.stopped = True
+            self.fail(exc)
         finally:
             self.alive -= 1
             if self.alive == 0:
@@ -346,17 +312,12 @@ class _Run:
     async def _run_item(
         self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0, mode: WorkerMode = GATED
     ) -> None:
-        attempt = 0
-        outage = self.target.limiter.hold.outage
+        attempts = self.attempts() if mode != OPPORTUNISTIC else None
         while True:
-            probe = outage.active  # sent while the model was unreachable: a failure only says it still is
             result, exc = await self._attempt(value, limiter, units)
-            delay = self.retry.delay(exc, attempt) if self.retry is not None and mode != OPPORTUNISTIC else None
-            if delay is None or self.stopped:
+            if attempts is None or (delay := attempts.delay(exc)) is None or self.stopped:
                 break
-            # retries= (gate/retries.py): the slot was given back; wait, then queue for one like a new call. A
-            # failed probe costs no attempt: the outage rule bounds those by max_outage_s.
-            attempt += 0 if probe and outage.active else 1
+            # retries= (gate/retries.py): the slot was given back; wait, then queue for one like a new call.
             await asyncio.sleep(delay)
             if limiter is not None:
                 try:
@@ -367,7 +328,9 @@ class _Run:
                 if self.stopped:
                     limiter.release(units)
                     break
-        await self._outcome(index, result, exc)
+            attempts.begin()
+        if self.settle(index, result, exc):
+            await self._put((index, exc if exc is not None else result))
 
     async def _admit(self, limiter: ModelLimiter, units: int, mode: WorkerMode) -> None:
         """Wait out a hold and take a slot (GATED) or count one (PINNED); BORROWED runs on its parent's.
@@ -390,7 +353,8 @@ class _Run:
         """One call of ``fn``: its slot is released when it ends, the outcome recorded."""
         exc: BaseException | None = None
         result: Any = None
-        start = perf_counter()
+        clock = limiter.clock if limiter is not None else perf_counter  # the runtime's clock: virtual in the lab
+        start = clock()
         if self.is_async:
             try:
                 if self.timeout is None:
@@ -409,22 +373,12 @@ class _Run:
                     limiter.release(units)
         else:
             result, exc = await self._in_thread(value, limiter, units)
-        self.target.record(perf_counter() - start, exc)
+        self.target.record(clock() - start, exc)
         return result, exc
 
     async def _outcome(self, index: int, result: Any, exc: BaseException | None) -> None:
-        if exc is not None and not self.return_exceptions:
-            if self.first_error is None:
-                self.first_error = (index, exc)
-                self.stopped = True
-            else:
-                self.more_errors.append((index, exc))
-            return
-        outcome = exc if exc is not None else result
-        if not self.streaming:
-            self.results[index] = outcome
-            return
-        await self._put((index, outcome))
+        if self.settle(index, result, exc):
+            await self._put((index, exc if exc is not None else result))
 
     async def _in_thread(
         self, value: Any, limiter: ModelLimiter | None, units: int
@@ -466,10 +420,7 @@ class _Run:
     async def _execute(self) -> None:
         target = self.target
         limit = target.limit
-        limiter = target.limiter
-        outer = HOLDING.get()
-        self.nested = target.pinned is None and limiter in outer
-        self.holding = outer if limiter in outer else (*outer, limiter)
+        self.nested = self.enter() and target.pinned is None
         if not self.is_async:
             self.pool = pool_for(target.key)
         self.bound = max(2 * limit, 64)
@@ -492,10 +443,7 @@ class _Run:
             raise
         finally:
             merge_stats(target.key, target.tally)
-        if self.fatal is not None:
-            raise self.fatal
-        if self.first_error is not None:
-            raise_first(self.first_error, self.more_errors, "map_concurrent")
+        self.raise_failure("map_concurrent")
 
     async def _cancel_all(self) -> None:
         for task in self.tasks:
@@ -510,80 +458,37 @@ class _Run:
 
 @overload
 async def map_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> list[R]: ...
 
 
 @overload
 async def map_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
 ) -> list[R | BaseException]: ...
 
 
 @overload
 async def map_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
+) -> list[R | BaseException]: ...
+
+
+@overload
+async def map_concurrent(
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> list[R]: ...
 
 
-@overload
 async def map_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
-) -> list[R | BaseException]: ...
-
-
-async def map_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Any],
-    *,
-    model: str | None = None,
-    capacity: int | None = None,
-    timeout: float | None = None,
-    return_exceptions: bool = False,
-    weight: Callable[[T], float] | None = None,
-    allow_unregistered: bool = False,
-    retries: int = 0,
+    items: Items[T], fn: Fn[T, Any], *, return_exceptions: bool = False, **options: Unpack[FanOptions[T]]
 ) -> list[Any]:
     """Call ``fn`` on every item with at most the model's target in flight; results in input order.
 
     ``fn`` may be ``async def`` (run on this loop) or plain (run on the model's worker threads). ``items`` may be
-    any iterable or async iterable; it is pulled lazily, one item per free worker. ``capacity`` pins this call's
+    any iterable or async iterable; it is pulled lazily, one item per free worker. The keyword options
+    (:class:`~.fanout.FanOptions`): ``model`` names the registered model whose target this follows
+    (None: the ``default`` role). ``capacity`` pins this call's
     limit instead of following the target (its calls still count in the model's in-flight). ``timeout`` bounds
     each item (``TimeoutError`` for that item). By default the first failure stops new starts, waits for the
     running calls and is raised, with the other failures listed in its ``__notes__``; with
@@ -597,116 +502,55 @@ async def map_concurrent(
     an item again, up to N times, after a rejection or an outage (never after another error), with backoff that
     honours ``Retry-After`` (gate/retries.py).
     """
-    check_registered(model, allow_unregistered, pinned=capacity is not None)
-    run = _Run(
-        items,
-        fn,
-        model=model,
-        capacity=capacity,
-        return_exceptions=return_exceptions,
-        timeout=timeout,
-        streaming=False,
-        weight=weight,
-        retries=retries,
-    )
+    return await gather_in_order(items, fn, return_exceptions, options)
+
+
+async def gather_in_order(
+    items: Items[Any], fn: Fn[Any, Any], return_exceptions: bool, options: FanOptions[Any]
+) -> list[Any]:
+    """:func:`map_concurrent` without its typed overloads (``map_concurrent_sync`` runs async work through it)."""
+    run = _Run(items, fn, streaming=False, return_exceptions=return_exceptions, **options)
     await run.execute()
-    if any(r is _PENDING for r in run.results):  # a safety net: never hand back a result that was not produced
-        raise RuntimeError("map_concurrent: an item finished without a result or an exception (a bug)")
-    return run.results
+    return run.results_in_order("map_concurrent")
 
 
 @overload
 def imap_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> AsyncIterator[tuple[int, R]]: ...
 
 
 @overload
 def imap_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
 ) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
 @overload
 def imap_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
+) -> AsyncIterator[tuple[int, R | BaseException]]: ...
+
+
+@overload
+def imap_concurrent(
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> AsyncIterator[tuple[int, R]]: ...
-
-
-@overload
-def imap_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
-) -> AsyncIterator[tuple[int, R | BaseException]]: ...
 
 
 async def imap_concurrent(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Any],
-    *,
-    model: str | None = None,
-    capacity: int | None = None,
-    timeout: float | None = None,
-    return_exceptions: bool = False,
-    weight: Callable[[T], float] | None = None,
-    allow_unregistered: bool = False,
-    retries: int = 0,
+    items: Items[T], fn: Fn[T, Any], *, return_exceptions: bool = False, **options: Unpack[FanOptions[T]]
 ) -> AsyncIterator[tuple[int, Any]]:
     """:func:`map_concurrent` as a stream of ``(input index, result)`` pairs in completion order.
 
     Finished results wait in a bounded buffer: a consumer that stops reading stops new starts once the buffer is
     full. Leaving the loop early (``break``, an exception) cancels the calls still running and releases their
     slots. Errors follow :func:`map_concurrent`: without ``return_exceptions`` the first failure is raised after
-    the running calls have finished (their results are still yielded). An unregistered ``model`` is an
-    ``UnknownModelError`` unless ``allow_unregistered=True``, as for :func:`map_concurrent`.
+    the running calls have finished (their results are still yielded). The keyword options are
+    :func:`map_concurrent`'s; an unregistered ``model`` is an ``UnknownModelError`` unless
+    ``allow_unregistered=True``.
     """
-    check_registered(model, allow_unregistered, pinned=capacity is not None)
-    run = _Run(
-        items,
-        fn,
-        model=model,
-        capacity=capacity,
-        return_exceptions=return_exceptions,
-        timeout=timeout,
-        streaming=True,
-        weight=weight,
-        retries=retries,
-    )
+    run = _Run(items, fn, streaming=True, return_exceptions=return_exceptions, **options)
     driver = asyncio.ensure_future(run.execute())
     try:
         async for item in run.stream():

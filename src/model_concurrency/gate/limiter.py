@@ -49,9 +49,7 @@ class LimiterCore(Generic[W]):
 
     @staticmethod
     def _checked(limit: int) -> int:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        return limit
+        return LimiterCore._whole(limit, 1, "limit")
 
     @staticmethod
     def _checked_budget(budget: int | None) -> int | None:
@@ -61,9 +59,13 @@ class LimiterCore(Generic[W]):
 
     @staticmethod
     def _checked_units(units: int) -> int:
-        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
-            raise ValueError(f"units must be an int >= 0, got {units!r}")
-        return units
+        return LimiterCore._whole(units, 0, "units")
+
+    @staticmethod
+    def _whole(value: int, least: int, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+        return value
 
     @property
     def limit(self) -> int:
@@ -116,7 +118,9 @@ class LimiterCore(Generic[W]):
 
     def acquire_pinned(self, units: int = 0) -> None:
         """Count a call that a caller's explicit ``capacity=`` admits: never waits, never checks the limits."""
-        self.units += self._checked_units(units)
+        if units.__class__ is not int or units < 0:  # the check's fast path: a plain int >= 0 passes it
+            self._checked_units(units)
+        self.units += units
         self.inflight += 1
 
     def admit(self) -> list[W]:

@@ -23,7 +23,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from model_concurrency.gate.hold import AdmissionHold
 from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
@@ -149,19 +149,18 @@ class ModelLimiter:
             limit = 1
         if limit == self._core.limit:  # the common case at every re-read: no lock
             return
-        with self._lock:
-            granted = self._core.resize(limit)
-            if granted:
-                self._noted()
-        if granted:
-            self._wake(granted)
+        self._change(self._core.resize, limit)
 
     def set_budget(self, budget: int | None) -> None:
         """Change the token budget (None: not enforced); a growth admits waiters at once, a shrink revokes nobody."""
         if budget == self._core.budget:
             return
+        self._change(self._core.set_budget, budget)
+
+    def _change(self, change: Callable[[Any], list[_Waiter]], value: Any) -> None:
+        """Change the core under the lock, then wake the waiters the change admits (outside it)."""
         with self._lock:
-            granted = self._core.set_budget(budget)
+            granted = change(value)
             if granted:
                 self._noted()
         if granted:

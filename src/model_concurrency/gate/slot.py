@@ -21,11 +21,11 @@ not running on; used inside a running loop it would, so use ``async with`` there
 from __future__ import annotations
 
 from collections.abc import Mapping
-from time import perf_counter
 from types import TracebackType
 
 from model_concurrency.config import get_model
 from model_concurrency.gate.hold import wait_hold, wait_hold_async
+from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.outcome import Outcome
 from model_concurrency.gate.rejections import note_failure, note_success, outcome_of
 from model_concurrency.gate.stats import status_of
@@ -39,7 +39,7 @@ __all__ = ["slot"]
 class slot:
     """A context manager (sync and async) holding one permit of ``model``'s limiter for one call."""
 
-    __slots__ = ("_outcome", "_runtime", "_sent_at", "_start", "_status", "model", "tokens")
+    __slots__ = ("_outcome", "_runtime", "_sent_at", "_status", "model", "tokens")
 
     def __init__(
         self, model: str | None = None, *, tokens: float | None = None, allow_unregistered: bool = False
@@ -51,7 +51,6 @@ class slot:
         # Checked here, before any permit is taken: a bad weight is the caller's error, never a leaked slot.
         self.tokens = 0 if tokens is None else checked_tokens(tokens, " (slot tokens=)")
         self._runtime: ModelRuntime | None = None
-        self._start = 0.0
         self._sent_at = 0.0
         self._status: int | None = None
         self._outcome: Outcome | None = None  # a response's verdict, applied when it arrived
@@ -95,7 +94,7 @@ class slot:
     def _end(self, exc: BaseException | None) -> None:
         runtime, self._runtime = self._runtime, None
         assert runtime is not None
-        latency = perf_counter() - self._start
+        latency = runtime.limiter.clock() - self._sent_at  # the runtime's clock, as the poll's intervals
         runtime.limiter.release(self.tokens)
         status, outcome = self._status, self._outcome
         if exc is None and (status is None or status < 400):
@@ -109,13 +108,21 @@ class slot:
             note_failure(runtime, outcome, self._sent_at, answered=status is not None)
         runtime.leave()
 
-    def _abandon(self) -> None:
+    def _abandon(self, limiter: ModelLimiter | None = None) -> None:
+        """Entering failed: give back the slot (if ``limiter``'s was granted) and leave the runtime."""
+        if limiter is not None:
+            limiter.release(self.tokens)
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.leave()
 
+    def _started(self, limiter: ModelLimiter) -> slot:
+        self._sent_at = limiter.clock()
+        return self
+
     def __enter__(self) -> slot:
         limiter = self._begin().limiter
+        granted = None
         try:
             wait_hold(limiter.hold, limiter.clock)
             waiter = limiter.acquire_or_enqueue_thread(self.tokens)
@@ -126,17 +133,12 @@ class slot:
                     if not limiter.withdraw(waiter):
                         limiter.release(self.tokens)
                     raise
-            try:
-                wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
-            except BaseException:
-                limiter.release(self.tokens)
-                raise
+            granted = limiter
+            wait_hold(limiter.hold, limiter.clock)  # granted by a release during the hold
         except BaseException:
-            self._abandon()
+            self._abandon(granted)
             raise
-        self._start = perf_counter()
-        self._sent_at = limiter.clock()
-        return self
+        return self._started(limiter)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -145,20 +147,16 @@ class slot:
 
     async def __aenter__(self) -> slot:
         limiter = self._begin().limiter
+        granted = None
         try:
             await wait_hold_async(limiter.hold, limiter.clock)
             await limiter.acquire(self.tokens)
-            try:
-                await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
-            except BaseException:
-                limiter.release(self.tokens)
-                raise
+            granted = limiter
+            await wait_hold_async(limiter.hold, limiter.clock)  # granted by a release during the hold
         except BaseException:
-            self._abandon()
+            self._abandon(granted)
             raise
-        self._start = perf_counter()
-        self._sent_at = limiter.clock()
-        return self
+        return self._started(limiter)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -1,7 +1,5 @@
 """The thread front of the gate: ``map_concurrent_sync``.
 
-(Over 400 lines: the driver, the pool hand-off, deadlines, retries and the typed overloads of one public function.)
-
 The calling thread is the driver: it pulls one item, waits in the model's FIFO for a slot (or, with
 ``capacity=N``, for one of the call's own N permits, the model slot being counted without waiting), and hands
 the item to the model's worker pool. The job releases its slot as soon as ``fn`` returns, then settles the
@@ -23,26 +21,24 @@ import asyncio
 import contextvars
 import heapq
 import threading
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from functools import partial
 from time import monotonic, perf_counter, sleep
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
-from model_concurrency.gate.aio import is_async_callable, map_concurrent, raise_first
+from model_concurrency.gate.aio import gather_in_order
+from model_concurrency.gate.fanout import PENDING, AsyncFn, FanOptions, Fanout, Fn, Items, call_holding
 from model_concurrency.gate.hold import wait_hold
-from model_concurrency.gate.model_limiter import HOLDING, ModelLimiter
+from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import pool_for
-from model_concurrency.gate.retries import retry_policy
 from model_concurrency.gate.stats import merge_stats
-from model_concurrency.gate.target import REFRESH_S, Target, check_args, check_registered, check_weight, weigh
+from model_concurrency.gate.target import REFRESH_S, Target, weigh
 
 __all__ = ["map_concurrent_sync"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-_PENDING: Any = object()
 
 
 class _Permits:
@@ -98,33 +94,18 @@ def _no_tick() -> None:
     return None
 
 
-class _SyncRun:
+class _SyncRun(Fanout):
+    """One call of map_concurrent_sync: the calling thread drives, pool threads call, around the shared
+    bookkeeping; ``results`` and the failures are written under :attr:`cond`."""
+
     def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        model: str | None,
-        capacity: int | None,
-        return_exceptions: bool,
-        timeout: float | None,
-        weight: Callable[[Any], float] | None = None,
-        retries: int = 0,
+        self, fn: Callable[[Any], Any], *, return_exceptions: bool, **options: Unpack[FanOptions[Any]]
     ) -> None:
-        self.fn = fn
-        self.retry = retry_policy(retries)
-        self.weight = weight
-        self.target = Target(model, capacity)
-        self.return_exceptions = return_exceptions
-        self.timeout = timeout
+        super().__init__(fn, return_exceptions=return_exceptions, **options)
         self.cond = threading.Condition(threading.Lock())
-        self.results: list[Any] = []
         self.outstanding = 0
-        self.stopped = False
-        self.first_error: tuple[int, BaseException] | None = None
-        self.more_errors: list[tuple[int, BaseException]] = []
         self.deadlines: list[tuple[float, int]] = []
-        self.permits = _Permits(capacity) if capacity is not None else None
-        self.holding: tuple[ModelLimiter, ...] = ()
+        self.permits = _Permits(self.capacity) if self.capacity is not None else None
 
     # -- slots -------------------------------------------------------------------------------------------------
     def _release(self, limiter: ModelLimiter, pinned: bool, units: int = 0) -> None:
@@ -196,23 +177,21 @@ class _SyncRun:
         now = monotonic()
         while self.deadlines and self.deadlines[0][0] <= now:
             _, index = heapq.heappop(self.deadlines)
-            self._settle(index, None, TimeoutError(f"item {index} did not finish within {self.timeout}s"), None)
+            self._settle(index, None, self._late(index), None)
 
     # -- items -------------------------------------------------------------------------------------------------
     def _job(self, index: int, value: Any, limiter: ModelLimiter | None, units: int = 0) -> None:
         """Run one item (on a pool thread, or inline when nested): call, release, settle; with ``retries=``, the
         failed attempts are recorded here and the item sent again after a backoff and a new slot."""
-        attempt = 0
-        outage = self.target.limiter.hold.outage
+        attempts = self.attempts()
         while True:
-            probe = outage.active  # a failed probe costs no attempt (as in gate/aio.py)
             result, exc, latency = self._attempt(index, value, limiter, units)
-            delay = self.retry.delay(exc, attempt) if self.retry is not None else None
-            if delay is None or self.stopped or self.results[index] is not _PENDING:
+            if attempts is None or (delay := attempts.delay(exc)) is None or self.stopped:
+                break
+            if self.results[index] is not PENDING:  # timed out meanwhile: its outcome is settled
                 break
             with self.cond:  # the tally is the run's, written under its lock (as _settle does)
                 self.target.record(latency, exc)
-            attempt += 0 if probe and outage.active else 1
             sleep(delay)
             if limiter is not None:
                 try:
@@ -221,53 +200,41 @@ class _SyncRun:
                 except ModelUnreachable as error:
                     result, exc = None, error
                     break
+            attempts.begin()
         self._settle(index, result, exc, latency)
 
     def _attempt(
         self, index: int, value: Any, limiter: ModelLimiter | None, units: int
     ) -> tuple[Any, BaseException | None, float]:
-        token = HOLDING.set(self.holding)
-        start = perf_counter()
-        result: Any = None
-        exc: BaseException | None = None
-        try:
-            result = self.fn(value)
-        except BaseException as error:
-            exc = error
-        finally:
-            HOLDING.reset(token)
-            if limiter is not None:
-                self._release(limiter, self.permits is not None, units)
-        latency = perf_counter() - start
+        clock = limiter.clock if limiter is not None else perf_counter  # the runtime's clock: virtual in the lab
+        start = clock()
+        result, exc = call_holding(self.fn, value, self.holding)
+        if limiter is not None:
+            self._release(limiter, self.permits is not None, units)
+        latency = clock() - start
         if exc is None and self.timeout is not None and latency > self.timeout and limiter is None:
-            # Inline (nested) items cannot be timed out while they run; judge them when they end.
-            exc = TimeoutError(f"item {index} did not finish within {self.timeout}s")
+            exc = self._late(index)  # inline (nested) items cannot be timed out while they run: judged at the end
         return result, exc, latency
+
+    def _late(self, index: int) -> TimeoutError:
+        return TimeoutError(f"item {index} did not finish within {self.timeout}s")
 
     def _settle(
         self, index: int, result: Any, exc: BaseException | None, latency: float | None, ran: bool = True
     ) -> None:
         with self.cond:
-            if self.results[index] is not _PENDING:
+            if self.results[index] is not PENDING:
                 return  # already timed out; the late result is dropped, its slot was released above
             if ran:  # an item refused for its weight never reached the model
                 self.target.record(latency if latency is not None else self.timeout or 0.0, exc)
-            if exc is not None and not self.return_exceptions:
-                self.results[index] = exc
-                if self.first_error is None:
-                    self.first_error = (index, exc)
-                    self.stopped = True
-                else:
-                    self.more_errors.append((index, exc))
-            else:
-                self.results[index] = exc if exc is not None else result
+            self.settle(index, result, exc)
             self.outstanding -= 1
             if self.outstanding == 0:
                 self.cond.notify_all()
 
     # -- the call ----------------------------------------------------------------------------------------------
     def execute(self, items: Iterable[Any]) -> list[Any]:
-        target = self.target
+        target = self.target = Target(self.model, self.capacity)
         target.start()
         try:
             return self._execute(items)
@@ -277,9 +244,7 @@ class _SyncRun:
     def _execute(self, items: Iterable[Any]) -> list[Any]:
         target = self.target
         limiter = target.limiter
-        outer = HOLDING.get()
-        nested = limiter in outer
-        self.holding = outer if nested else (*outer, limiter)
+        nested = self.enter()
         pool = pool_for(target.key)
         iterator = iter(items)
         try:
@@ -288,18 +253,16 @@ class _SyncRun:
                     value = next(iterator)
                 except StopIteration:
                     break
-                except Exception:
-                    # The caller's iterable failed: like map_concurrent, stop, let running calls finish, raise.
-                    self.stopped = True
-                    self._wait_all()
-                    raise
+                except Exception as exc:  # the caller's iterable failed: stop, let running calls finish, raise
+                    self.fail(exc)
+                    break
                 if self.stopped:
                     break
                 if target.due():
                     target.refresh()
                 index = len(self.results)
                 with self.cond:
-                    self.results.append(_PENDING)
+                    self.results.append(PENDING)
                     self.outstanding += 1
                 units = 0
                 if self.weight is not None:
@@ -335,9 +298,7 @@ class _SyncRun:
             raise
         finally:
             merge_stats(target.key, target.tally)
-        if self.first_error is not None:
-            raise_first(self.first_error, self.more_errors, "map_concurrent_sync")
-        return self.results
+        return self.results_in_order("map_concurrent_sync")
 
     def _wait_all(self) -> None:
         while True:
@@ -376,75 +337,30 @@ def _run_coroutine(coro_fn: Callable[[], Any]) -> Any:
 
 @overload
 def map_concurrent_sync(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> list[R]: ...
 
 
 @overload
 def map_concurrent_sync(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Awaitable[R]],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: AsyncFn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
 ) -> list[R | BaseException]: ...
 
 
 @overload
 def map_concurrent_sync(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[False] = ...,
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[True], **options: Unpack[FanOptions[T]]
+) -> list[R | BaseException]: ...
+
+
+@overload
+def map_concurrent_sync(
+    items: Items[T], fn: Fn[T, R], *, return_exceptions: Literal[False] = ..., **options: Unpack[FanOptions[T]]
 ) -> list[R]: ...
 
 
-@overload
 def map_concurrent_sync(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], R],
-    *,
-    model: str | None = ...,
-    capacity: int | None = ...,
-    timeout: float | None = ...,
-    return_exceptions: Literal[True],
-    weight: Callable[[T], float] | None = ...,
-    allow_unregistered: bool = ...,
-    retries: int = ...,
-) -> list[R | BaseException]: ...
-
-
-def map_concurrent_sync(
-    items: Iterable[T] | AsyncIterable[T],
-    fn: Callable[[T], Any],
-    *,
-    model: str | None = None,
-    capacity: int | None = None,
-    timeout: float | None = None,
-    return_exceptions: bool = False,
-    weight: Callable[[T], float] | None = None,
-    allow_unregistered: bool = False,
-    retries: int = 0,
+    items: Items[T], fn: Fn[T, Any], *, return_exceptions: bool = False, **options: Unpack[FanOptions[T]]
 ) -> list[Any]:
     """The blocking twin of :func:`map_concurrent`: same parameters, same results and error rules.
 
@@ -456,30 +372,7 @@ def map_concurrent_sync(
     for :func:`map_concurrent`. ``retries=N`` as for
     :func:`map_concurrent` (a retrying item keeps its pool thread, not its slot, while it waits).
     """
-    check_args(capacity, timeout)
-    retry_policy(retries)
-    check_weight(weight)
-    check_registered(model, allow_unregistered, pinned=capacity is not None)
-    if is_async_callable(fn) or isinstance(items, AsyncIterable):
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "capacity": capacity,
-            "return_exceptions": return_exceptions,
-            "timeout": timeout,
-            "weight": weight,
-            "allow_unregistered": allow_unregistered,
-            "retries": retries,
-        }
-        return _run_coroutine(lambda: map_concurrent(items, fn, **kwargs))  # type: ignore[no-any-return]
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {fn!r}")
-    run = _SyncRun(
-        fn,
-        model=model,
-        capacity=capacity,
-        return_exceptions=return_exceptions,
-        timeout=timeout,
-        weight=weight,
-        retries=retries,
-    )
+    run = _SyncRun(fn, return_exceptions=return_exceptions, **options)  # every argument checked, nothing run yet
+    if run.is_async or isinstance(items, AsyncIterable):
+        return _run_coroutine(lambda: gather_in_order(items, fn, return_exceptions, options))  # type: ignore[no-any-return]
     return run.execute(items)

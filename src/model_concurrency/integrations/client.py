@@ -33,7 +33,7 @@ import contextlib
 import ssl
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -47,6 +47,9 @@ __all__ = [
     "ShardedClient",
     "ShardedTransport",
 ]
+
+_T = TypeVar("_T")
+_P = TypeVar("_P")
 
 DEFAULT_CONNECTIONS = 1024
 # httpcore walks its connections once per connection on each request (O(n²)) and checks each for expiry, so the
@@ -109,15 +112,18 @@ def _pools(
     return [factory(verify=context, trust_env=trust_env, limits=limits, **kwargs) for _ in range(count)]
 
 
-def _client_args(
-    connections: int | None, limits: httpx.Limits | None, kwargs: dict[str, Any]
-) -> tuple[int, float | None]:
-    """(connections, keep-alive expiry) for a client, from ``connections`` or a drop-in ``limits``."""
+def _client_transport(
+    make: Callable[..., _T], connections: int | None, limits: httpx.Limits | None, kwargs: dict[str, Any], **more: Any
+) -> _T:
+    """A sharded client's transport, sized by ``connections`` or a drop-in ``limits``; the TLS keywords (``verify``,
+    ``cert``, ``trust_env``, ``http2``) stay in ``kwargs``, since the client takes them too."""
     if "transport" in kwargs:
         raise TypeError("a sharded client builds its own transport; use httpx's client to pass one")
     if connections is None:
         connections = (limits.max_connections if limits is not None else None) or DEFAULT_CONNECTIONS
-    return connections, (limits.keepalive_expiry if limits is not None else 5.0)
+    expiry = limits.keepalive_expiry if limits is not None else 5.0
+    tls = {key: kwargs[key] for key in ("verify", "cert", "trust_env", "http2") if key in kwargs}
+    return make(connections=connections, keepalive_expiry=expiry, **tls, **more)
 
 
 class _Held(httpx.AsyncByteStream):
@@ -163,13 +169,12 @@ class _HeldSync(httpx.SyncByteStream):
                 done()
 
 
-class ShardedAsyncTransport(httpx.AsyncBaseTransport):
-    """``connections`` spread over pools of ``per_shard``; other keywords go to each ``httpx.AsyncHTTPTransport``.
+class _Sharding(Generic[_P]):
+    """Both sharded transports: ``connections`` split over pools of ``per_shard`` (:func:`_pools`), a request
+    placed on a pool (:class:`_Placement`) and its place given back when its response is closed."""
 
-    ``asyncio_network`` (default): connections run on asyncio's own transports (:mod:`._net`) rather than anyio's
-    streams, which cost more CPU per read and write. Pools are created up front but open connections only when
-    used. Like any httpx async transport it belongs to one event loop at a time (the counts are not locked).
-    """
+    _factory: Callable[..., _P]
+    _lock: Callable[[], contextlib.AbstractContextManager[Any]]
 
     def __init__(
         self,
@@ -180,19 +185,13 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
         cert: Any = None,
         trust_env: bool = True,
         keepalive_expiry: float | None = 5.0,
-        asyncio_network: bool = True,
         **transport_kwargs: Any,
     ) -> None:
-        self.shards: list[httpx.AsyncHTTPTransport] = _pools(
-            httpx.AsyncHTTPTransport, connections, per_shard, verify, cert, trust_env, keepalive_expiry,
-            transport_kwargs,
-        )  # fmt: skip
-        if asyncio_network:  # httpcore's pools take a backend but httpx's transport does not pass one through
-            backend = AsyncioBackend()
-            for shard in self.shards:
-                shard._pool._network_backend = backend
+        self.shards: list[_P] = _pools(
+            self._factory, connections, per_shard, verify, cert, trust_env, keepalive_expiry, transport_kwargs
+        )
         self.per_shard = min(per_shard, connections)
-        self.placement = _Placement(len(self.shards), self.per_shard, contextlib.nullcontext())
+        self.placement = _Placement(len(self.shards), self.per_shard, self._lock())
 
     @property
     def connections(self) -> int:
@@ -203,72 +202,68 @@ class ShardedAsyncTransport(httpx.AsyncBaseTransport):
         """Requests each pool holds now."""
         return self.placement.in_use
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    def _placed(
+        self, response: httpx.Response, index: int, held: Callable[[Any, Callable[[], None]], Any]
+    ) -> httpx.Response:
+        """``response`` with a body (``held``) that gives pool ``index``'s place back when it is closed."""
         placement = self.placement
-        index = placement.pick()
+        response.stream = held(response.stream, lambda: placement.done(index))
+        return response
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
+
+
+class ShardedAsyncTransport(_Sharding[httpx.AsyncHTTPTransport], httpx.AsyncBaseTransport):
+    """``connections`` spread over pools of ``per_shard``; other keywords go to each ``httpx.AsyncHTTPTransport``.
+
+    ``asyncio_network`` (default): connections run on asyncio's own transports (:mod:`._net`) rather than anyio's
+    streams, which cost more CPU per read and write. Pools are created up front but open connections only when
+    used. Like any httpx async transport it belongs to one event loop at a time (the counts are not locked).
+    """
+
+    _factory = httpx.AsyncHTTPTransport
+    _lock = contextlib.nullcontext
+
+    def __init__(self, *, asyncio_network: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if asyncio_network:  # httpcore's pools take a backend but httpx's transport does not pass one through
+            backend = AsyncioBackend()
+            for shard in self.shards:
+                shard._pool._network_backend = backend
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        index = self.placement.pick()
         try:
             response = await self.shards[index].handle_async_request(request)
         except BaseException:
-            placement.done(index)
+            self.placement.done(index)
             raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _Held(response.stream, lambda: placement.done(index))
-        return response
+        return self._placed(response, index, _Held)
 
     async def aclose(self) -> None:
         for shard in self.shards:
             await shard.aclose()
 
-    def __repr__(self) -> str:
-        return f"ShardedAsyncTransport(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
 
-
-class ShardedTransport(httpx.BaseTransport):
+class ShardedTransport(_Sharding[httpx.HTTPTransport], httpx.BaseTransport):
     """The blocking form of :class:`ShardedAsyncTransport`, for ``httpx.Client``; safe across threads."""
 
-    def __init__(
-        self,
-        *,
-        connections: int = DEFAULT_CONNECTIONS,
-        per_shard: int = DEFAULT_PER_SHARD,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        keepalive_expiry: float | None = 5.0,
-        **transport_kwargs: Any,
-    ) -> None:
-        self.shards: list[httpx.HTTPTransport] = _pools(
-            httpx.HTTPTransport, connections, per_shard, verify, cert, trust_env, keepalive_expiry, transport_kwargs
-        )
-        self.per_shard = min(per_shard, connections)
-        self.placement = _Placement(len(self.shards), self.per_shard, threading.Lock())
-
-    @property
-    def connections(self) -> int:
-        return self.per_shard * len(self.shards)
-
-    @property
-    def in_use(self) -> list[int]:
-        return self.placement.in_use
+    _factory = httpx.HTTPTransport
+    _lock = threading.Lock
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        placement = self.placement
-        index = placement.pick()
+        index = self.placement.pick()
         try:
             response = self.shards[index].handle_request(request)
         except BaseException:
-            placement.done(index)
+            self.placement.done(index)
             raise
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        response.stream = _HeldSync(response.stream, lambda: placement.done(index))
-        return response
+        return self._placed(response, index, _HeldSync)
 
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
-
-    def __repr__(self) -> str:
-        return f"ShardedTransport(pools={len(self.shards)}x{self.per_shard}, in_use={sum(self.in_use)})"
 
 
 class ShardedAsyncClient(httpx.AsyncClient):
@@ -283,19 +278,13 @@ class ShardedAsyncClient(httpx.AsyncClient):
         connections: int | None = None,
         per_shard: int = DEFAULT_PER_SHARD,
         limits: httpx.Limits | None = None,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        http2: bool = False,
         asyncio_network: bool = True,
         **kwargs: Any,
     ) -> None:
-        connections, expiry = _client_args(connections, limits, kwargs)
-        transport = ShardedAsyncTransport(
-            connections=connections, per_shard=per_shard, verify=verify, cert=cert, trust_env=trust_env,
-            keepalive_expiry=expiry, asyncio_network=asyncio_network, http2=http2,
-        )  # fmt: skip
-        super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
+        transport = _client_transport(
+            ShardedAsyncTransport, connections, limits, kwargs, per_shard=per_shard, asyncio_network=asyncio_network
+        )
+        super().__init__(transport=transport, **kwargs)
         self.sharded = transport
 
 
@@ -308,16 +297,8 @@ class ShardedClient(httpx.Client):
         connections: int | None = None,
         per_shard: int = DEFAULT_PER_SHARD,
         limits: httpx.Limits | None = None,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        http2: bool = False,
         **kwargs: Any,
     ) -> None:
-        connections, expiry = _client_args(connections, limits, kwargs)
-        transport = ShardedTransport(
-            connections=connections, per_shard=per_shard, verify=verify, cert=cert, trust_env=trust_env,
-            keepalive_expiry=expiry, http2=http2,
-        )  # fmt: skip
-        super().__init__(verify=verify, cert=cert, trust_env=trust_env, http2=http2, transport=transport, **kwargs)
+        transport = _client_transport(ShardedTransport, connections, limits, kwargs, per_shard=per_shard)
+        super().__init__(transport=transport, **kwargs)
         self.sharded = transport

@@ -18,7 +18,8 @@ per-call cost stays flat at hundreds of calls in flight (one pool of N connectio
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -43,6 +44,8 @@ __all__ = [
     "with_priority",
 ]
 
+_S = TypeVar("_S")
+
 
 def registry_key(served_name: str) -> str:
     """The registered model serving ``served_name`` (its key, or a role's model), else the served name itself."""
@@ -57,14 +60,19 @@ def registry_key(served_name: str) -> str:
 
 def model_of_request(request: httpx.Request) -> str | None:
     """The ``model`` field of a JSON request body, or None (no body, not JSON, a streamed upload)."""
+    body = _json_body(request)
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def _json_body(request: httpx.Request) -> Any:
+    """A request's JSON body, or None (no body, not JSON, a streamed upload)."""
     if "json" not in request.headers.get("content-type", ""):
         return None
     try:
-        body = json.loads(request.content or b"null")
+        return json.loads(request.content or b"null")
     except (httpx.RequestNotRead, ValueError):
         return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) and model else None
 
 
 def _key_for(model: str | None, request: httpx.Request) -> str | None:
@@ -83,12 +91,7 @@ def with_priority(key: str, request: httpx.Request) -> httpx.Request:
     spec = registered_models().get(key)
     if spec is None or spec.priority is None or not request.url.path.endswith(_PRIORITY_PATHS):
         return request
-    if "json" not in request.headers.get("content-type", ""):
-        return request
-    try:
-        body = json.loads(request.content or b"null")
-    except (httpx.RequestNotRead, ValueError):
-        return request
+    body = _json_body(request)
     if not isinstance(body, dict) or "priority" in body:
         return request
     body["priority"] = spec.priority
@@ -103,24 +106,26 @@ def _report(gate: slot, response: httpx.Response) -> None:
     gate.set_response(response.status_code, response.headers)
 
 
-class _SlotStream(httpx.SyncByteStream):
-    """The response body; closing it (or failing to read it) ends the call and releases the slot."""
+class _Held(Generic[_S]):
+    """A response body holding its call's slot: closing it (or failing to read it) ends the call, once."""
 
-    def __init__(self, inner: httpx.SyncByteStream, gate: slot) -> None:
+    def __init__(self, inner: _S, gate: slot) -> None:
         self._inner = inner
         self._gate: slot | None = gate
 
+    def _end(self, exc: BaseException | None) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.__exit__(type(exc) if exc is not None else None, exc, None)
+
+
+class _SlotStream(_Held[httpx.SyncByteStream], httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._inner
         except BaseException as exc:
             self._end(exc)
             raise
-
-    def _end(self, exc: BaseException | None) -> None:
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def close(self) -> None:
         try:
@@ -129,11 +134,7 @@ class _SlotStream(httpx.SyncByteStream):
             self._end(None)
 
 
-class _AsyncSlotStream(httpx.AsyncByteStream):
-    def __init__(self, inner: httpx.AsyncByteStream, gate: slot) -> None:
-        self._inner = inner
-        self._gate: slot | None = gate
-
+class _AsyncSlotStream(_Held[httpx.AsyncByteStream], httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
@@ -142,16 +143,37 @@ class _AsyncSlotStream(httpx.AsyncByteStream):
             self._end(exc)
             raise
 
-    def _end(self, exc: BaseException | None) -> None:
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.__exit__(type(exc) if exc is not None else None, exc, None)
-
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
             self._end(None)
+
+
+def _gate_for(model: str | None, request: httpx.Request) -> tuple[slot | None, httpx.Request]:
+    """The slot a request must hold (None: it names no model of ours) and the request to send (with its priority)."""
+    key = _key_for(model, request)
+    if key is None:
+        return None, request
+    request = with_priority(key, request)
+    return slot(key, allow_unregistered=model is None), request  # a name read from the body may not be ours
+
+
+def _failed(gate: slot, exc: BaseException) -> None:
+    gate.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _holding(gate: slot, response: httpx.Response, held: Callable[[Any, slot], Any]) -> httpx.Response:
+    """The answer reported to the slot, and ``response`` with a body (``held``) that keeps the slot until closed."""
+    try:
+        _report(gate, response)
+    except BaseException as exc:
+        _failed(gate, exc)
+        raise
+    stream = held(response.stream, gate)
+    return httpx.Response(
+        status_code=response.status_code, headers=response.headers, stream=stream, extensions=response.extensions
+    )
 
 
 class SlotTransport(httpx.BaseTransport):
@@ -162,25 +184,16 @@ class SlotTransport(httpx.BaseTransport):
         self.model = model
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        key = _key_for(self.model, request)
-        if key is None:
+        gate, request = _gate_for(self.model, request)
+        if gate is None:
             return self.inner.handle_request(request)
-        request = with_priority(key, request)
-        gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         gate.__enter__()
         try:
             response = self.inner.handle_request(request)
-            _report(gate, response)
         except BaseException as exc:
-            gate.__exit__(type(exc), exc, exc.__traceback__)
+            _failed(gate, exc)
             raise
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        return httpx.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_SlotStream(response.stream, gate),
-            extensions=response.extensions,
-        )
+        return _holding(gate, response, _SlotStream)
 
     def close(self) -> None:
         self.inner.close()
@@ -194,25 +207,16 @@ class AsyncSlotTransport(httpx.AsyncBaseTransport):
         self.model = model
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        key = _key_for(self.model, request)
-        if key is None:
+        gate, request = _gate_for(self.model, request)
+        if gate is None:
             return await self.inner.handle_async_request(request)
-        request = with_priority(key, request)
-        gate = slot(key, allow_unregistered=self.model is None)  # a name read from the body may not be ours
         await gate.__aenter__()
         try:
             response = await self.inner.handle_async_request(request)
-            _report(gate, response)
         except BaseException as exc:
-            gate.__exit__(type(exc), exc, exc.__traceback__)
+            _failed(gate, exc)
             raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        return httpx.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_AsyncSlotStream(response.stream, gate),
-            extensions=response.extensions,
-        )
+        return _holding(gate, response, _AsyncSlotStream)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

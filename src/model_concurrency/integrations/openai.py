@@ -16,7 +16,7 @@ model's admissions (the SDK's own retry waits too, by the same header). A client
 
 from __future__ import annotations
 
-from typing import Any, cast, overload
+from typing import Any, overload
 
 import httpx
 
@@ -60,21 +60,18 @@ def wrap(
     transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
 ) -> openai.OpenAI | openai.AsyncOpenAI:
     """A copy of ``client`` whose requests hold a slot of ``model`` (or of the model each request names)."""
-    if isinstance(client, openai.AsyncOpenAI):
-        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
-            raise TypeError("an AsyncOpenAI client needs an httpx.AsyncBaseTransport")
+    forms: tuple[tuple[Any, ...], ...] = (
+        (openai.AsyncOpenAI, httpx.AsyncBaseTransport, ShardedAsyncTransport, AsyncSlotTransport, httpx.AsyncClient),
+        (openai.OpenAI, httpx.BaseTransport, ShardedTransport, SlotTransport, httpx.Client),
+    )
+    for sdk, base, sharded, gated, http_client in forms:
+        if not isinstance(client, sdk):
+            continue
+        if transport is not None and not isinstance(transport, base):
+            raise TypeError(f"an {sdk.__name__} client needs an httpx.{base.__name__}")
         # Sharded: one pool of 1,000 connections would cost the caller O(connections) CPU per request.
-        inner_async = transport or ShardedAsyncTransport(connections=CONNECTION_LIMITS.max_connections or 1000)
-        async_http = httpx.AsyncClient(
-            transport=AsyncSlotTransport(inner_async, model=model), timeout=_timeout(client), follow_redirects=True
-        )
-        return client.with_options(http_client=cast(Any, async_http))
-    if isinstance(client, openai.OpenAI):
-        if transport is not None and not isinstance(transport, httpx.BaseTransport):
-            raise TypeError("an OpenAI client needs an httpx.BaseTransport")
-        inner = transport or ShardedTransport(connections=CONNECTION_LIMITS.max_connections or 1000)
-        http = httpx.Client(
-            transport=SlotTransport(inner, model=model), timeout=_timeout(client), follow_redirects=True
-        )
-        return client.with_options(http_client=cast(Any, http))
+        inner = transport or sharded(connections=CONNECTION_LIMITS.max_connections or 1000)
+        http = http_client(transport=gated(inner, model=model), timeout=_timeout(client), follow_redirects=True)
+        wrapped: openai.OpenAI | openai.AsyncOpenAI = client.with_options(http_client=http)
+        return wrapped
     raise TypeError(f"wrap() takes an openai.OpenAI or openai.AsyncOpenAI client, got {type(client).__name__}")

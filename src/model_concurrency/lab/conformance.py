@@ -42,7 +42,7 @@ from model_concurrency.lab.run import poll_jitter_rng, simulate
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.summary import summarize
 from model_concurrency.lab.trace import ClientTrace, Trace
-from model_concurrency.lab.virtual_loop import VirtualTimeLoop
+from model_concurrency.lab.virtual_loop import VirtualTimeLoop, run_virtual
 from model_concurrency.lab.world import phases, preset_for
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.registry import load_policy
@@ -176,18 +176,8 @@ def run_live(scenario: Scenario, policy: str = "adaptive", *, capacity: int | No
     """The production stack on virtual time; returns a trace on the lab's grid. ``capacity`` pins the fan-out's
     limit (``map_concurrent(capacity=...)``), as a sweep needs; the controller still polls."""
     _check_supported(scenario)
-    loop = VirtualTimeLoop()
-    try:
-        with _knobs(scenario):
-            return loop.run_until_complete(_live(scenario, policy, loop, capacity))
-    finally:
-        # Handlers of calls cancelled at the end still wait on their jobs: let them unwind before closing.
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+    with _knobs(scenario):
+        return run_virtual(lambda loop: _live(scenario, policy, loop, capacity))
 
 
 async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity: int | None) -> Trace:

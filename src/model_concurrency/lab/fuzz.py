@@ -96,24 +96,16 @@ DRAW_COLUMNS = (
     "rate_limit_rpm",
 )
 FUZZ_COLUMNS = (*COLUMNS, *DRAW_COLUMNS)
+#: The worst draws' table: the figures that make a draw bad, then the draw's parameters that explain it most often
+#: (what ran on which engines, how long its prompts were, how many clients polled how fast).
+_WORST_DRAW = {"output_sigma", "long_prompt_tokens", "ceiling", "duration_s", "rate_limit_rpm"}
 WORST_COLUMNS = (
     "scenario",
     "goodput_ratio",
     "queue_time_p99_s",
     "oracle_queue_time_p99_s",
     "jain_fairness",
-    "preset",
-    "engines",
-    "replicas",
-    "max_num_seqs",
-    "prompt_tokens",
-    "output_tokens",
-    "prompt_sigma",
-    "long_fraction",
-    "clients",
-    "floor",
-    "poll_s",
-    "events",
+    *(c for c in DRAW_COLUMNS if c not in _WORST_DRAW),
 )
 
 

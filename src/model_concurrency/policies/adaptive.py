@@ -152,6 +152,18 @@ class Adaptive:
             (``running`` back at ``C``) is off, the cut keeps one batch queued, and the goal and the probes'
             headroom count a second batch.
         one_step_pipeline: apply those rules on one-step engines at all (default True; False: as on a decoder).
+        turnover_ramp: pace the first ramp by the turnover of our own calls (default True; False: the rules before
+            issue 22's generator, the ``adaptive-v1`` preset). Alone on the engine a poll grows ``slow_start_factor``
+            per round trip its interval held (``_ramp_factor``); the completion-rate exit judges a window only over
+            a round trip of it (``_turned_over``); and the engine-full exit ignores a ``running`` that fell by more
+            than we added (others left). With ``admission_hold``, fuzz seed 22 draws 0-39 (tuned on): goodput
+            median 0.973 -> 0.976, p10 0.625 -> 0.651, Jain >= 0.9 on 53 -> 56 % of multi-client draws; seed 31
+            draws 0-39 (held out): 0.970 -> 0.974, p10 0.833 -> 0.851, Jain 72 -> 84 % (docs/policies.md).
+        admission_hold: on the first ramp, a queue the engine is still taking in (``running`` rose since our
+            previous poll by at least what waits) is held, not cut, and ends the ramp (default True; ``_absorbing``).
+        shared_fast_ramp: ask for the controller's fast first-ramp polls beside peers too, and grow there once our
+            completions since the last growth add up to the window it set (default False; the
+            ``adaptive-fast-ramp`` preset: a better worst case, a less fair split, docs/policies.md).
     """
 
     slow_start_factor: float = 2.0
@@ -184,6 +196,12 @@ class Adaptive:
     accelerate_shared: bool = False
     one_step_queue: float = 0.0
     one_step_pipeline: bool = True
+    turnover_ramp: bool = True
+    shared_fast_ramp: bool = False
+    ramp_calls: float = field(default=0.0, init=False)
+    ramp_window: float = field(default=0.0, init=False)
+    admission_hold: bool = True
+    last_running: float | None = field(default=None, init=False)
     one_step: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
     w_max: float | None = field(default=None, init=False)
@@ -338,6 +356,26 @@ class Adaptive:
         """One engine step's batch: the capacity estimate when known (``running`` may catch a part-empty step)."""
         return max(obs.running, capacity or 0.0)
 
+    def _absorbing(self, obs: Observation, risen: float | None) -> bool:
+        """On the first ramp, a queue the engine is still taking in: hold, do not cut (``admission_hold``).
+
+        The engine's ``running`` rose since our previous poll by at least what now waits, with no preemption and
+        the KV cache below ``kv_high``: a burst being admitted over several steps (its per-step token budget), most
+        often another client's ramp step, not a wall. Cut to the served share there, the clients that happened to
+        poll during a peer's admission shrank while the peer, polling between bursts, grew on: ``fuzz-22-0013``
+        (4 clients, 2 x 507 sequences) cut one client 16 -> 12 -> 7 at ``running`` 147 and 347 of a knee near
+        800, and the split ended 696 / 72 / 41 / 6. The hold ends the ramp all the same (``_requests``): a client
+        left ramping doubled again on the next poll that caught no queue (``multi-client``: 64 -> 128 -> 256 on
+        256 sequences, Jain 0.77). Only while ramping: held in the steady state too, a client kept its share
+        while its peers cut on the same queue (``multi-client-32`` Jain 0.93 -> 0.89). At a wall ``running``
+        stops rising, and the next poll cuts. Not on a one-step engine, whose queue is a pipelined batch."""
+        if not self.admission_hold or not self.ramping or risen is None or self.pipelining or obs.preemptions > 0:
+            return False
+        kv = obs.kv_cache_usage
+        if kv is not None and kv >= self.kv_high:
+            return False
+        return 0 < obs.waiting_capacity <= risen
+
     def _admitting(self, obs: Observation) -> bool:
         """The first ramp's step found the engine still taking it in: hold the target for one more poll.
 
@@ -382,7 +420,7 @@ class Adaptive:
         equal only while they grow at the same cadence (2 s polls measured ``multi-client`` p99 queue 0.099 ->
         0.525 s, ``multi-client-32`` Jain 0.90 -> 0.78); and without the figures the doubling's rate test
         would compare 2 s windows, shorter than a request."""
-        return self.ramping and self.kv_jump and self.alone and self.blocks is not None
+        return self.ramping and self.kv_jump and (self.alone or self.shared_fast_ramp) and self.blocks is not None
 
     def kv_estimate(self, obs: Observation) -> KvEstimate | None:
         """What the KV cache says about the engine's room, or None without the figures (then: doubling).
@@ -414,7 +452,7 @@ class Adaptive:
             return target
         answer = self._ramp_step(target, obs, rate)
         if answer > target:
-            self.ramp_grown_at = obs.time
+            self.ramp_grown_at, self.ramp_calls, self.ramp_window = obs.time, 0.0, answer
         return answer
 
     def _blind(self, obs: Observation) -> bool:
@@ -430,6 +468,10 @@ class Adaptive:
         jump and doubling are judged by the KV cache instead: unchanged there, as on a page without the token
         counter (``one_step_pipeline`` False switches this off too)."""
         grown_at = self.ramp_grown_at
+        if grown_at is not None and self.shared_fast_ramp and not self.alone and not self.one_step:
+            # Beside peers on the fast polls: grow once our calls since the last growth add up to the window it
+            # set (one round trip of it: the engine took it), as TCP's slow start doubles once a round trip.
+            return self.ramp_calls < self.ramp_window
         if grown_at is None or not self.one_step_pipeline or not (self.one_step or obs.generation_tokens == 0):
             return False
         latency = obs.client_latency_mean_s
@@ -467,18 +509,70 @@ class Adaptive:
         growth only displaced other clients, whose own rates fall while ours rises)."""
         previous, self.startup_rate = self.startup_rate, rate
         load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
-        if previous is not None and rate is not None and previous > 0 and rate < self.startup_exit * previous:
+        if (
+            previous is not None
+            and rate is not None
+            and previous > 0
+            and rate < self.startup_exit * previous
+            and self._turned_over(obs, load)
+        ):
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0
             self.startup_rate = self.startup_load = None
             return target + self.increase_step
         if self.engine_full_exit and load is not None and not self.pipelining:
             grew = obs.inflight - load[0]
-            if grew > 0 and obs.running - load[1] < 0.5 * grew:
+            risen = obs.running - load[1]
+            # A running that fell by more than we added is others leaving (or capacity changing), not a full
+            # engine displacing them: the test says nothing then (fuzz-22-0015: a tenant left, running 41 -> 12,
+            # and the ramp ended at 2 where the knee was 60).
+            if grew > 0 and risen < 0.5 * grew and not (self.turnover_ramp and risen < -grew):
                 before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
                 self.w_max, self.w_max_time, self.probes = before, obs.time, 0
                 self.startup_rate = self.startup_load = None
                 return before + self.increase_step
-        return max(target * self.slow_start_factor, target + self.increase_step)
+        return max(target * self._ramp_factor(obs), target + self.increase_step)
+
+    def _turned_over(self, obs: Observation, load: tuple[float, float] | None) -> bool:
+        """The interval's completions add up to at least the window we held at the previous poll (``load``): one
+        round trip of it, so the completion rate says what that window buys (``turnover_ramp``; always True with
+        it off, or when the previous window is unknown).
+
+        Over a poll shorter than a call, the rate test compared the handful of completions that happened to fall
+        in each interval: ``fuzz-22-0033`` (5 s polls, calls of ~8 s) ended three of six clients' ramps at 20 on
+        4 completions against 6, and the split stayed 111 / 27 / 25 / 26 / 15 / 8 for the rest of the run."""
+        if not self.turnover_ramp or load is None:
+            return True
+        return obs.client_calls >= load[0]
+
+    def _ramp_factor(self, obs: Observation) -> float:
+        """The first ramp's growth this poll alone on the engine: ``slow_start_factor`` per round trip of our calls.
+
+        TCP's slow start doubles per round trip, clocked by its acknowledgements; a poll is not a round trip. A
+        poll every 36 s over calls of 3 s doubled once where TCP would have doubled twelve times, and a run of a
+        few polls ended below the knee (fuzz seed 22: draws with polls >= 25 s and floors <= 4 had a median of
+        0.754 of the oracle's goodput). So the ramp counts the round trips the interval held, ``k = calls /
+        inflight_mean`` (how many times our window turned over), and grows ``slow_start_factor ** k``, at most
+        ``jump_max_factor`` in one poll (the bound on one blind jump), never less than one factor. Only over an
+        interval the engine took without queueing us (the mean queue time under ``1 − decrease_factor`` of our
+        round trip: a queue worth a cut), and only alone on the engine (share ``>= jump_share``): beside peers
+        whoever polled first multiplied by 8 while the others still sat at their floors, and took the engine
+        (fuzz seed 22, draws 0-39: Jain >= 0.9 on 62 % of multi-client draws with one factor a poll there, 44 %
+        with up to 4, 44 % with up to 8). ``turnover_ramp`` False: one factor a poll."""
+        if not self.turnover_ramp or own_share(obs) < self.jump_share:
+            return self.slow_start_factor
+        window = self._window(obs)
+        latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
+        if window <= 0 or obs.client_calls <= 0:
+            return self.slow_start_factor
+        if queued is not None and latency is not None and queued > (1 - self.decrease_factor) * latency:
+            return self.slow_start_factor
+        rounds = min(obs.client_calls / window, math.log(self.jump_max_factor, self.slow_start_factor))
+        return max(self.slow_start_factor, math.pow(self.slow_start_factor, rounds))
+
+    @staticmethod
+    def _window(obs: Observation) -> float:
+        """Our mean window over the interval (the in-flight count at the poll when nobody measured the mean)."""
+        return obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight)
 
     # -- the rule --------------------------------------------------------------------------------------------
     def next_target(self, target: float, obs: Observation) -> float:
@@ -499,6 +593,9 @@ class Adaptive:
             self.alone = own_share(obs) >= self.jump_share
         ramp_sample, self.ramp_sample = self.ramp_sample, False
         rate = self._rate(obs)
+        self.ramp_calls += obs.client_calls
+        before, self.last_running = self.last_running, obs.running
+        risen = obs.running - before if before is not None else None
         factor = self._rescale(obs)
         if factor is not None:
             if self.w_max is not None:
@@ -536,6 +633,15 @@ class Adaptive:
                 # 2 s window held more completions than the previous one, it doubled past the engine on half of
                 # the jittered schedules (``ramp``: p99 queue 0.1 -> 2.0 s; docs/scale-out.md, jitter).
                 self.jump_to = target
+                return target
+            if self._absorbing(obs, risen):
+                if self.ramping:
+                    # Not a wall we can see, but not room to double into either: the ramp ends here (W_max, then
+                    # the additive climb), as it would have ended on a cut, without the cut. Left ramping, a held
+                    # client doubled again on the next poll that caught no queue: on ``multi-client`` (4 clients,
+                    # 256 sequences) one went 64 -> 128 -> 256 and the split fell to Jain 0.77.
+                    self.w_max, self.w_max_time, self.probes = target, obs.time, 0
+                    self.startup_rate = self.startup_load = None
                 return target
             served = pipelined_share(obs, self._batch(obs, capacity)) if self.pipelining else sustainable(obs)
             ramping = self.ramping

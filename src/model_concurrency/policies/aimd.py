@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import app_limited, sustainable
-from model_concurrency.policies.base import PolicyBase
+from model_concurrency.policies.base import PolicyBase, require_fractions
 
 __all__ = ["AIMD"]
 
@@ -37,8 +37,7 @@ class AIMD(PolicyBase):
     near_full: float = 0.8
 
     def __post_init__(self) -> None:
-        if not 0 < self.decrease_factor < 1:
-            raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
+        require_fractions(self, "decrease_factor")
         if self.increase_fraction < 0 or self.increase_min < 0:
             raise ValueError("increase_fraction and increase_min must be >= 0")
         if not 0 <= self.near_full <= 1:

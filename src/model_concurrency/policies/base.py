@@ -74,6 +74,15 @@ class PolicyBase:
     uses_engine_signals: ClassVar[bool] = True
 
 
+def require_fractions(policy: object, *names: str) -> None:
+    """Each named field strictly between 0 and 1 (a cut factor: 0 would stop the fan-out, 1 would never cut), or a
+    ValueError naming the field and its value: a preset's typo fails at load, not as a policy that never backs off."""
+    for name in names:
+        value = getattr(policy, name)
+        if not 0 < value < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {value}")
+
+
 def declared_grace_polls(policy: Policy) -> int | None:
     """The policy's pinned grace, or None (the documented default) when it declares none or an invalid one."""
     value = getattr(policy, "grace_polls", PolicyBase.grace_polls)

@@ -44,7 +44,7 @@ from typing import ClassVar
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import app_limited
-from model_concurrency.policies.base import PolicyBase
+from model_concurrency.policies.base import PolicyBase, require_fractions
 
 __all__ = ["Gradient"]
 
@@ -120,8 +120,7 @@ class Gradient(PolicyBase):
             raise ValueError(f"max_growth must be >= 1, got {self.max_growth}")
         if not 0 <= self.app_limited <= 1:
             raise ValueError(f"app_limited must be in [0, 1], got {self.app_limited}")
-        if not 0 < self.throttle_factor < 1:
-            raise ValueError(f"throttle_factor must be in (0, 1), got {self.throttle_factor}")
+        require_fractions(self, "throttle_factor")
         if not self.slow_start_factor >= 1:
             raise ValueError(f"slow_start_factor must be >= 1, got {self.slow_start_factor}")
         if not self.startup_exit >= 1:

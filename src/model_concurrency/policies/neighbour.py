@@ -84,9 +84,10 @@ class AdaptiveNeighbour:
             headroom`` of its capacity full (default 0.25, in [0, 1); 0 switches it off).
         memory_s: how long after an onset the headroom is kept (default 600 s).
         cut_in_ramp: cut for an onset during our own first ramp too (default True): a burst that meets the
-            batch's first ramp is protected (``interactive-bursts-2x``: TTFT p99 20.3x alone with False, 10.1x
-            with True). False would spare fellow clients that start with us, whose doublings on an engine that
-            has just queued read as onsets, but measured no fairer (``multi-client``: Jain 0.76 against 0.77).
+            batch's first ramp is protected (``interactive-bursts-2x``: its first burst's requests over 0.1 s,
+            1,123 under adaptive, 290 with this; docs/neighbour.md). False would spare fellow clients that start
+            with us, whose doublings on an engine that has just queued read as onsets, but measured no fairer
+            (``multi-client``: Jain 0.76 against 0.77).
         queue_share: the engine's capacity (the fill line's base) is known from its first queue of at least this
             share of its running requests (default 0.02, >= 0): one request caught between two steps queues
             for a moment on an engine far from full (94 of 256 in ``multi-client``), and a fill line drawn
@@ -169,7 +170,9 @@ class AdaptiveNeighbour:
 
         Only on an engine loaded to the fill line at least (its capacity known: it has queued once): below it,
         whoever grows beside us finds free slots, and the rises there are mostly fellow clients ramping."""
-        if previous is None or self.capacity is None:
+        if previous is None or self.capacity is None or self.inner.one_step:
+            # A one-step (pooling) engine has no first token to protect, and its clients poll about once a
+            # step, far faster than the seconds these rules hold for (embed-shared: goodput 0.98 -> 0.31).
             return None
         if obs.running + obs.waiting < (1 - self.headroom) * self.capacity:
             return None

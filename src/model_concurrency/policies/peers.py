@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies.base import PolicyBase
+from model_concurrency.policies.base import PolicyBase, require_fractions
 
 __all__ = ["AIBrix", "BatchGatewayAIMD", "LlmdAIMD", "QueueTimeAIMD"]
 
@@ -139,8 +139,7 @@ class LlmdAIMD(PolicyBase):
     _flight_left: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0 < self.decrease < 1:
-            raise ValueError("decrease must be in (0, 1)")
+        require_fractions(self, "decrease")
         if not 1 <= self.min_window <= self.max_window:
             raise ValueError("need 1 <= min_window <= max_window")
 
@@ -182,8 +181,7 @@ class BatchGatewayAIMD(PolicyBase):
     _clean: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0 < self.decrease < 1:
-            raise ValueError("decrease must be in (0, 1)")
+        require_fractions(self, "decrease")
         if not 1 <= self.minimum <= self.start <= self.maximum:
             raise ValueError("need 1 <= minimum <= start <= maximum")
 
@@ -224,8 +222,7 @@ class QueueTimeAIMD(PolicyBase):
     _done: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0 < self.decrease < 1:
-            raise ValueError("decrease must be in (0, 1)")
+        require_fractions(self, "decrease")
         if self.target_s <= 0 or self.start < 1:
             raise ValueError("target_s must be > 0 and start >= 1")
 

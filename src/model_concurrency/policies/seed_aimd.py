@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies.base import require_fractions
 
 __all__ = ["SeedAIMD"]
 
@@ -51,8 +52,7 @@ class SeedAIMD:
     def __post_init__(self) -> None:
         if not self.floor >= 0:
             raise ValueError(f"floor must be >= 0, got {self.floor}")
-        if not 0 < self.decrease_factor < 1:
-            raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
+        require_fractions(self, "decrease_factor")
         if not (self.increase_fraction >= 0 and self.increase_min >= 0):
             raise ValueError("increase_fraction and increase_min must be >= 0")
         if not 0 <= self.near_full <= 1:
