@@ -14,8 +14,10 @@ The setup, every run on a fresh emulator (``llama-8b-h100``, ``max_num_seqs`` 25
 
 Runs: the tenant alone (the baseline: the ratio's denominator), then static ungated (every call at once up to
 ``--high``), statics from ``--statics`` (the best static: the lowest neighbour ratio among those meeting every
-deadline, else the one meeting most), our default policy and the peers of the default-policy issue when this
-tree has them (``batch-gateway-aimd``, ``llmd-aimd``, ``aibrix``). A row per run; the last line is ours:
+deadline, else the one meeting most), our default policy, its neighbour mode (``adaptive-neighbour``, its seconds
+scaled from the lab's 12 s polls to ``--poll-s``) and the peers of the default-policy issue when this tree has them
+(``batch-gateway-aimd``, ``llmd-aimd``, ``aibrix``). A row per run; the last line is ours (the default policy, or
+``MODEL_CONCURRENCY_POLICY``):
 
     mixed: neighbour ttft p99 X.XX× alone, batch idle throughput Y.YY× ungated, deadlines D/T
 
@@ -38,8 +40,10 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -250,10 +254,30 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def known_peers() -> list[str]:
+NEIGHBOUR_MODE = "adaptive-neighbour"
+# The neighbour mode's parameters in seconds, as tuned in the lab (12 s polls, 90 s bursts); scaled here to this
+# run's poll interval, since its bursts are as many polls long as the lab's.
+NEIGHBOUR_SECONDS = {"min_active_s": 20.0, "max_active_s": 150.0, "settle_s": 30.0, "memory_s": 600.0}
+
+
+def neighbour_preset(args: argparse.Namespace, folder: Path) -> str:
+    """A preset file for the neighbour mode with its seconds scaled from the lab's 12 s polls to this run's."""
+    factor = args.poll_s / args.time_scale / 12.0
+    lines = [f'name = "{NEIGHBOUR_MODE}-mixed"', f'policy = "{NEIGHBOUR_MODE}"']
+    lines += [f"{key} = {value * factor!r}" for key, value in NEIGHBOUR_SECONDS.items()]
+    path = folder / f"{NEIGHBOUR_MODE}-mixed.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def known_names() -> set[str]:
     from model_concurrency.policies.registry import policy_names
 
-    names = set(policy_names())
+    return set(policy_names())
+
+
+def known_peers() -> list[str]:
+    names = known_names()
     return [p for p in PEERS if p in names]
 
 
@@ -274,7 +298,11 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs: list[Run] = []
     plan = [(f"static ungated ({args.high})", "static", args.high)]
     plan += [(f"static {n}", "static", n) for n in args.statics]
-    plan += [(f"{ours} (ours)", ours, args.floor)]
+    folder = Path(tempfile.mkdtemp(prefix="mixed-"))
+    mode = neighbour_preset(args, folder) if NEIGHBOUR_MODE in known_names() else None
+    plan += [(f"{ours} (ours)", mode if ours == NEIGHBOUR_MODE and mode else ours, args.floor)]
+    if mode and ours != NEIGHBOUR_MODE:
+        plan += [(f"{NEIGHBOUR_MODE} (neighbour mode)", mode, args.floor)]
     plan += [(peer, peer, args.floor) for peer in known_peers()]
     for name, policy, floor in plan:
         print(f"{name} ...", file=sys.stderr, flush=True)

@@ -44,6 +44,7 @@ from model_concurrency.policies.base import Policy
 from model_concurrency.policies.capacity import Capacity
 from model_concurrency.policies.core import AdaptiveCore
 from model_concurrency.policies.gradient import Gradient
+from model_concurrency.policies.neighbour import AdaptiveNeighbour
 from model_concurrency.policies.peers import AIBrix, BatchGatewayAIMD, LlmdAIMD, QueueTimeAIMD
 from model_concurrency.policies.queue import QueuePolicy
 from model_concurrency.policies.seed_aimd import SeedAIMD
@@ -80,6 +81,8 @@ BUILTIN_POLICIES: dict[str, Callable[..., Policy]] = {
     "adaptive": Adaptive,
     # The small core of issue 22 (policies/core.py), beside the default until the generator says it is better.
     "adaptive-core": AdaptiveCore,
+    # Issue 23's neighbour mode (policies/neighbour.py): adaptive, plus a cut at a neighbour's burst and headroom.
+    "adaptive-neighbour": AdaptiveNeighbour,
     "static": Static,
     # The direct peers (policies/peers.py), from their published rules.
     "aibrix": AIBrix,
