@@ -230,7 +230,8 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
             )
             run = map_concurrent(items, call, model=name, capacity=capacity, return_exceptions=True)
             fanout = asyncio.ensure_future(run)
-            samples: dict[str, list[float]] = {k: [] for k in ("time", "running", "waiting", "kv", "pre", "t", "i")}
+            series = ("time", "running", "waiting", "kv", "preemptions", "t", "i")
+            samples: dict[str, list[float]] = {k: [] for k in series}
             done: list[float] = []
             failed: list[float] = []
             t = 0.0
@@ -242,7 +243,7 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
                 samples["running"].append(server.num_running)
                 samples["waiting"].append(sum(e.gauge_waiting for e in engines))
                 samples["kv"].append(max((e.kv_usage for e in engines), default=0.0))
-                samples["pre"].append(sum(e.stats.num_preemptions for e in server.engines))
+                samples["preemptions"].append(sum(e.stats.num_preemptions for e in server.engines))
                 samples["t"].append(runtime.limiter.limit)
                 samples["i"].append(runtime.inflight())
                 done.append(len(completed))
@@ -254,17 +255,12 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
         finally:
             forget_runtime(name)
             await link.stop()
-    arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
-    return Trace(
-        time=arr["time"],
-        running=arr["running"],
-        waiting_capacity=arr["waiting"],
-        kv_usage=arr["kv"],
-        preemptions=arr["pre"],
+    return Trace.sampled(
+        samples,
         clients=[
             ClientTrace(
-                target=arr["t"],
-                inflight=arr["i"],
+                target=np.asarray(samples["t"], dtype=float),
+                inflight=np.asarray(samples["i"], dtype=float),
                 completions=np.asarray(done, dtype=float),
                 errors=np.asarray(failed, dtype=float),
                 poll_times=np.asarray(source.poll_times, dtype=float),

@@ -141,14 +141,9 @@ def simulate(
     env.run(until=scenario.duration_s)
     if inspect is not None:
         inspect(clients)
-    arr = {k: np.asarray(v, dtype=float) for k, v in samples.items()}
     columns = {k: matrix[:, :taken] for k, matrix in per_client.items()}  # row i: client i's series, contiguous
-    return Trace(
-        time=arr["time"],
-        running=arr["running"],
-        waiting_capacity=arr["waiting"],
-        kv_usage=arr["kv"],
-        preemptions=arr["preemptions"],
+    return Trace.sampled(
+        samples,
         clients=[
             ClientTrace(
                 **{k: column[i] for k, column in columns.items()},
@@ -163,7 +158,7 @@ def simulate(
         duration_s=scenario.duration_s,
         capacity_changes=scenario.capacity_change_times,
         limit_rps=scenario.rate_limit.items_per_s(w.prompt_tokens + w.output_tokens),
-        gateway_saturation=arr["gateway"],
+        gateway_saturation=np.asarray(samples["gateway"], dtype=float),
         neighbour=neighbour_latency(world.fleet) if world.tenant is not None else None,
     )
 

@@ -51,6 +51,22 @@ class Trace:
     # The interactive tenant's latencies (lab/neighbour.py NeighbourLatency), for scenarios with one; not stored.
     neighbour: Any = None
 
+    @classmethod
+    def sampled(cls, samples: dict[str, list[float]], clients: list[ClientTrace], **rest: Any) -> Trace:
+        """A trace from the engine-wide series a sampler took on the trace grid (``time``, ``running``,
+        ``waiting``, ``kv``, ``preemptions``; other keys are the sampler's own), the lab's and the conformance
+        harness's alike, so both read the same fields the same way."""
+        arr = {k: np.asarray(samples[k], dtype=float) for k in ("time", "running", "waiting", "kv", "preemptions")}
+        return cls(
+            time=arr["time"],
+            running=arr["running"],
+            waiting_capacity=arr["waiting"],
+            kv_usage=arr["kv"],
+            preemptions=arr["preemptions"],
+            clients=clients,
+            **rest,
+        )
+
     @property
     def total_completions(self) -> float:
         return float(sum(c.completions[-1] for c in self.clients)) if len(self.time) else 0.0
