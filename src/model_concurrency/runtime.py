@@ -28,7 +28,8 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from model_concurrency import config, export, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
@@ -45,12 +46,15 @@ from model_concurrency.signals.source import ClientOnlySource, SignalSource, Vll
 from model_concurrency.state import RuntimeState
 
 if TYPE_CHECKING:  # the gate imports this module; its own modules are imported where used
+    from model_concurrency.gate.hold import AdmissionHold
     from model_concurrency.gate.limiter import Usage
     from model_concurrency.gate.model_limiter import ModelLimiter
 
 __all__ = [
     "DEFAULT_POLICY",
+    "Limits",
     "ModelRuntime",
+    "RuntimeSettings",
     "atarget_or_floor",
     "forget_runtime",
     "install_runtime",
@@ -191,6 +195,51 @@ def adaptive_enabled() -> bool:
     return bool(setting(*config.ADAPTIVE_FLAG))
 
 
+class Limits(Protocol):
+    """What the poll path needs of a limiter: its count, its meter, its hold, and the two limits it sets.
+
+    :class:`~model_concurrency.gate.model_limiter.ModelLimiter` (threads and event loops) is the production one;
+    the lab injects a SimPy front-end on the same :class:`~model_concurrency.gate.limiter.LimiterCore`."""
+
+    hold: AdmissionHold
+
+    @property
+    def limit(self) -> int: ...
+
+    def inflight(self) -> int: ...
+
+    def units(self) -> int: ...
+
+    def take_usage(self) -> Usage: ...
+
+    def resize(self, limit: int) -> None: ...
+
+    def set_budget(self, budget: int | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """Fixed knobs for a runtime that must not read the environment (the lab passes its scenario's).
+
+    Without them a runtime reads each knob through :func:`~model_concurrency.config.setting` at every poll."""
+
+    poll_s: float
+    ramp_poll_divisor: float
+    poll_jitter: float
+    grace_polls: int
+    growth_guard: bool = True
+    outage_handover: bool = True
+    ceiling: int = 512
+    adaptive: bool = True
+
+
+class _QuietWatch(HealthWatch):
+    """A health watch that judges and says nothing (a runtime that does not publish: the lab's thousands)."""
+
+    def _say(self, new: Health, limit: int, target: int, failures: int, reason: str | None) -> None:
+        return None
+
+
 class ModelRuntime:
     """One model in this process: its decisions, its limiter, its calls, and when it is polled next."""
 
@@ -203,7 +252,14 @@ class ModelRuntime:
         policy: Policy | None = None,
         clock: Clock = time.monotonic,
         floor: int | None = None,
+        limiter: Limits | None = None,
+        settings: RuntimeSettings | None = None,
+        publish: bool = True,
     ) -> None:
+        """``limiter``, ``settings`` and ``publish=False`` make a runtime whose caller owns the clock and the
+        schedule (the lab's :class:`~model_concurrency.lab.client.SimClient`): its calls are counted in the
+        injected limiter, its knobs are fixed, nothing is published or logged per model, and it polls only when
+        told (:meth:`poll_with`)."""
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
         # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
@@ -214,11 +270,14 @@ class ModelRuntime:
         self.core = ControllerCore(policy=chosen, name=self.name)
         self.calls = CallRecorder()
         self._floor_override = floor
+        self.settings = settings
+        self._publish = publish
         self._lock = threading.Lock()
         self._apply_lock = threading.Lock()  # reading the limits and setting the limiter's happen together
         self._polling = False
         self._users = 0
-        self._reporting = False  # whether anything ever counted this model's calls in flight here
+        # Whether anything ever counted this model's calls in flight here (an injected limiter's owner does).
+        self._reporting = limiter is not None
         self._said_engine_usage = False
         # The hook-alone path's previous engine reading; the reading at the last poll after an answer of the hook,
         # and the answers given since (engine_view).
@@ -229,12 +288,14 @@ class ModelRuntime:
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
-        self._watch = HealthWatch(self.name)
+        self._watch = HealthWatch(self.name) if publish else _QuietWatch(self.name)
         self.health = Health()
         self._refresh_knobs()
         from model_concurrency.gate.model_limiter import ModelLimiter
 
         self.limiter = ModelLimiter(self.name, self.core.target, clock)
+        # The limits the poll path sets and reads: the gate's limiter, or the injected one (whose owner admits).
+        self.limits: Limits = limiter if limiter is not None else self.limiter
         self.published: RuntimeState = self._state_locked()  # replaced after every poll
 
     # -- what callers read ---------------------------------------------------------------------------------
@@ -247,6 +308,8 @@ class ModelRuntime:
     @property
     def adaptive(self) -> bool:
         """Whether the controller applies now (a source, and the flag on): else the floor, with no scrape."""
+        if self.settings is not None:  # fixed knobs: the caller reads the signals (poll_with)
+            return self.settings.adaptive
         return self.source is not None and adaptive_enabled()
 
     def current(self) -> int:
@@ -266,8 +329,8 @@ class ModelRuntime:
         :class:`~model_concurrency.gate.target.Target`, :func:`slot`) asks for this instead of resizing."""
         with self._apply_lock:
             limit = max(1, self.current())
-            self.limiter.resize(limit)
-            self.limiter.set_budget(self.current_budget())
+            self.limits.resize(limit)
+            self.limits.set_budget(self.current_budget())
             return limit
 
     def seed_limit(self, limit: int) -> None:
@@ -305,9 +368,10 @@ class ModelRuntime:
         if not self.adaptive:
             return self.floor
         with self._lock:
-            self.core.note_throttled(self.limiter.inflight(), self.clock(), factor)
-            self.published = self._state_locked()
-            telemetry.publish(self.published, polled=False)
+            self.core.note_throttled(self.limits.inflight(), self.clock(), factor)
+            if self._publish:
+                self.published = self._state_locked()
+                telemetry.publish(self.published, polled=False)
         self.apply_limits()
         return self.current()
 
@@ -334,7 +398,7 @@ class ModelRuntime:
         snapshot = core.last_snapshot
         score = snapshot.gateway_saturation if core.last_ok and snapshot is not None else None
         gateway_saturation, gateway_saturated = gateway_view(core.last_ok, score)
-        outage = self.limiter.hold.outage
+        outage = self.limits.hold.outage
         since = outage.since
         return RuntimeState(
             model=self.name,
@@ -343,8 +407,8 @@ class ModelRuntime:
             waiting=good.waiting if good else None,
             waiting_capacity=good.waiting_capacity if good else None,
             kv_cache_usage=good.kv_cache_usage if good else None,
-            inflight=self.limiter.inflight(),
-            inflight_tokens=self.limiter.units(),
+            inflight=self.limits.inflight(),
+            inflight_tokens=self.limits.units(),
             token_budget=self.current_budget(),
             current_target=core.target,
             floor=core.lower,
@@ -371,6 +435,14 @@ class ModelRuntime:
         )
 
     def _refresh_knobs(self) -> None:
+        fixed = self.settings
+        if fixed is not None:
+            core = self.core
+            core.poll_interval_s, core.ramp_poll_divisor = fixed.poll_s, fixed.ramp_poll_divisor
+            core.poll_jitter, core.grace_polls = fixed.poll_jitter, fixed.grace_polls
+            core.guard.enabled, core.outage_handover = fixed.growth_guard, fixed.outage_handover
+            core.set_bounds(self.floor, fixed.ceiling)
+            return
         self.core.poll_interval_s = setting(*config.POLL_S)
         self.core.ramp_poll_divisor = setting(*config.RAMP_POLL_DIVISOR)
         self.core.poll_jitter = setting(*config.POLL_JITTER)
@@ -472,11 +544,27 @@ class ModelRuntime:
             self.core.begin_poll(now)
             return True
 
-    def _finish(self, snapshot: EngineSnapshot | None, error: BaseException | None) -> None:
+    def poll_with(self, read: Callable[[], EngineSnapshot | None], unavailable: str = "no snapshot") -> int:
+        """A poll at the caller's moment, due or not (the lab's, on its SimPy clock): claimed, ``read`` for the
+        snapshot (None: no signal, for ``unavailable``), then the scheduled poll's own path (:meth:`_finish`: the
+        poll step, the health judgement, the limits applied). Returns the limit in force."""
+        with self._lock:
+            self._polling = True
+            self._refresh_knobs()
+            self.core.begin_poll(self.clock())
+        try:
+            snapshot = read()
+        except Exception as exc:
+            self._finish(None, exc)
+        else:
+            self._finish(snapshot, None, unavailable)
+        return self.current()
+
+    def _finish(self, snapshot: EngineSnapshot | None, error: BaseException | None, unavailable: str = "") -> None:
         with self._lock:
             try:
                 now = self.clock()
-                usage, calls = self.limiter.take_usage(), self.calls.drain()
+                usage, calls = self.limits.take_usage(), self.calls.drain()
                 if snapshot is not None and not self._reporting:
                     answered = (self._answered_at, self._answers) if self._answered_at is not None else None
                     usage, calls = engine_view(snapshot, self._engine_seen, now, self.core.target, answered)
@@ -492,8 +580,8 @@ class ModelRuntime:
                         )
                 reason = None
                 if snapshot is None:
-                    reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
-                previous, limit = self.core.last_snapshot, self.limiter.limit
+                    reason = f"{type(error).__name__}: {error}" if error is not None else (unavailable or "no snapshot")
+                previous, limit = self.core.last_snapshot, self.limits.limit
                 try:
                     poll_step(self.core, calls, usage, now, snapshot, reason)
                 except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
@@ -501,9 +589,10 @@ class ModelRuntime:
                     snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"
                     self.core.fail(now, reason, inflight=usage.inflight)
                 self._judge_health(snapshot, previous, limit, reason)
-                self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
-                self.published = self._state_locked()
-                telemetry.publish(self.published)
+                if self._publish:
+                    self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
+                    self.published = self._state_locked()
+                    telemetry.publish(self.published)
             finally:
                 self._polling = False
         self.apply_limits()
