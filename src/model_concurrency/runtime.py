@@ -14,9 +14,11 @@ A :class:`ModelRuntime` is everything this process knows and decides about one m
   its first ramp), each wait moved by up to ``± MODEL_CONCURRENCY_POLL_JITTER`` of itself (the core's
   ``next_poll_at``), so no poll rides on a completion and none blocks an event loop.
 
-:func:`poll_step` is the poll itself (snapshot or error in at a time, target out) and is the one the lab's
-simulated clients call too. Callers read a runtime's state; only its poll writes it. The registry
-(:func:`runtime_for`) holds one runtime per model key and owns reset and fork handling.
+:func:`poll_step` is the poll itself (snapshot or error in at a time, target out). The lab's simulated clients
+are runtimes too (lab/client.py): an injected limiter (:class:`Limits`), fixed :class:`RuntimeSettings`, nothing
+published, and :meth:`ModelRuntime.poll_with` for a poll their SimPy clock times, which runs the same path from
+the snapshot to the resized limiter as the poller thread. Callers read a runtime's state; only its poll writes it.
+The registry (:func:`runtime_for`) holds one runtime per model key and owns reset and fork handling.
 """
 
 from __future__ import annotations
@@ -233,13 +235,6 @@ class RuntimeSettings:
     adaptive: bool = True
 
 
-class _QuietWatch(HealthWatch):
-    """A health watch that judges and says nothing (a runtime that does not publish: the lab's thousands)."""
-
-    def _say(self, new: Health, limit: int, target: int, failures: int, reason: str | None) -> None:
-        return None
-
-
 class ModelRuntime:
     """One model in this process: its decisions, its limiter, its calls, and when it is polled next."""
 
@@ -288,7 +283,7 @@ class ModelRuntime:
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
-        self._watch = HealthWatch(self.name) if publish else _QuietWatch(self.name)
+        self._watch = HealthWatch(self.name, quiet=not publish)
         self.health = Health()
         self._refresh_knobs()
         from model_concurrency.gate.model_limiter import ModelLimiter

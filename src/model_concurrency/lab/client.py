@@ -1,17 +1,19 @@
-"""Fan-out clients on simulated time: the production model runtime's parts behind a SimPy front-end.
+"""Fan-out clients on simulated time: the production model runtime on a SimPy clock.
 
 (Over 400 lines: the simulated twin of map_concurrent, slot and the call recorder in one place, so the lab's client
 cannot drift from the live path piece by piece.)
 
 Nothing here re-implements a decision or a poll. A :class:`SimClient` is the simulated twin of ``map_concurrent``
-on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_concurrency.controller.ControllerCore`,
-:class:`~model_concurrency.gate.limiter.LimiterCore`, :class:`~model_concurrency.gate.limiter.UsageMeter` and
-:class:`~model_concurrency.controller.CallRecorder`, and the same poll step
-(:func:`~model_concurrency.runtime.poll_step`: snapshot or error in, interval usage and calls drained, target
-out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process that
-sleeps until the core's ``next_poll_at``, like the live poller thread: every ``poll_s`` seconds, sooner while the
-policy ramps, each wait jittered by the core from the stream it is given: seeded, so a run is reproducible) and
-the I/O (the fleet's snapshot, and requests submitted
+on a :class:`~model_concurrency.runtime.ModelRuntime`, and it *is* one: a runtime built on the SimPy clock
+(``clock=lambda: env.now``), with an injected limiter (:class:`SimLimits`: a
+:class:`~model_concurrency.gate.limiter.LimiterCore` and :class:`~model_concurrency.gate.limiter.UsageMeter` whose
+waiters are SimPy events), the scenario's knobs as fixed :class:`~model_concurrency.runtime.RuntimeSettings`, and
+``publish=False`` (no telemetry or export, health judged without log lines). From a snapshot to the resized
+limiter it runs the runtime's own poll path (``poll_with``: the poll step, the health judgement, ``apply_limits``),
+and a 429 goes through the runtime's ``note_throttled``. The client supplies only what differs in a simulation:
+the schedule (a SimPy process that calls ``poll_with`` when the core's ``next_poll_at`` comes, like the live
+poller thread: every ``poll_s`` seconds, sooner while the policy ramps, each wait jittered by the core from the
+stream it is given: seeded, so a run is reproducible) and the I/O (the fleet's snapshot, and requests submitted
 to the engine model).
 
 A rate-limited target (:class:`~model_concurrency.lab.ratelimit.RateLimitedFront`) may refuse a call with a
@@ -19,10 +21,10 @@ Retry-After: the call is recorded as throttled (status 429, never a success), th
 :class:`~model_concurrency.gate.hold.AdmissionHold` (the rule the live gate applies) and the item is retried once
 the hold has passed.
 
-The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
-``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. Each request is
-weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a policy that answers
-a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One
+The limiter's SimPy front-end (:class:`SimLimits`) is a few lines: a waiter is a SimPy event, the waiters the core
+hands back on ``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter.
+Each request is weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a
+policy that answers a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One
 dispatcher process per client pulls items while the limiter grants slots, so a client costs one process, not one
 per item.
 """
@@ -48,7 +50,7 @@ from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import ModelRuntime, RuntimeSettings
 from model_concurrency.signals.interval import IntervalMeter
 
-__all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
+__all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SimLimits", "SubmitTarget", "request_stream"]
 
 #: The round trip of a call the engine refuses outright (vLLM's HTTP 400 for a prompt it can never take): the slot
 #: is held this long, so a stream of such items cannot spin the dispatcher at one simulated instant.
