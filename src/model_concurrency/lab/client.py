@@ -24,9 +24,9 @@ the hold has passed.
 The limiter's SimPy front-end (:class:`SimLimits`) is a few lines: a waiter is a SimPy event, the waiters the core
 hands back on ``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter.
 Each request is weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a
-policy that answers a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One
-dispatcher process per client pulls items while the limiter grants slots, so a client costs one process, not one
-per item.
+policy that answers a token budget is obeyed exactly as production obeys it; a count-only policy leaves the
+budget unenforced. One dispatcher process per client pulls items while the limiter grants slots, so a client
+costs one process, not one per item.
 """
 
 from __future__ import annotations
