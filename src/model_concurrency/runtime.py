@@ -545,7 +545,8 @@ class ModelRuntime:
         poll step, the health judgement, the limits applied). Returns the limit in force."""
         with self._lock:
             self._polling = True
-            self._refresh_knobs()
+            if self.settings is None:  # fixed settings were applied when the runtime was built
+                self._refresh_knobs()
             self.core.begin_poll(self.clock())
         try:
             snapshot = read()
