@@ -289,7 +289,8 @@ class ModelRuntime:
         from model_concurrency.gate.model_limiter import ModelLimiter
 
         self.limiter = ModelLimiter(self.name, self.core.target, clock)
-        # The limits the poll path sets and reads: the gate's limiter, or the injected one (whose owner admits).
+        # The limits every method here sets and reads: the gate's limiter, whose fronts acquire from it, or an
+        # injected one (the lab's SimPy front-end, whose owner admits the calls; ``limiter`` then stays unused).
         self.limits: Limits = limiter if limiter is not None else self.limiter
         self.published: RuntimeState = self._state_locked()  # replaced after every poll
 
@@ -331,15 +332,15 @@ class ModelRuntime:
     def seed_limit(self, limit: int) -> None:
         """Set the limiter of a runtime nothing has used yet (:func:`limiter_for`); the next apply overrides it."""
         with self._apply_lock:
-            self.limiter.resize(limit)
+            self.limits.resize(limit)
 
     def apply_budget(self) -> None:
         """Bring the limiter's token budget to the one in force (read and set together: a stale read never wins)."""
         with self._apply_lock:
-            self.limiter.set_budget(self.current_budget())
+            self.limits.set_budget(self.current_budget())
 
     def inflight(self) -> int:
-        return self.limiter.inflight()
+        return self.limits.inflight()
 
     def note_retry_after(self, seconds: float) -> float:
         """A 429/503 asked to wait ``seconds``: no new call to this model starts before then (gate/hold.py).
@@ -349,7 +350,7 @@ class ModelRuntime:
         (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile.
         """
         now = self.clock()
-        until = self.limiter.hold.note(seconds, now)
+        until = self.limits.hold.note(seconds, now)
         # Debug, not info: a burst of 429s would log one line each; the count is limiter.hold.holds.
         log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until
@@ -372,7 +373,7 @@ class ModelRuntime:
 
     def held_for(self) -> float:
         """Seconds until the Retry-After hold ends (0 when calls may start)."""
-        return self.limiter.held_for()
+        return self.limits.hold.remaining(self.clock())
 
     def set_floor(self, floor: int) -> None:
         self._floor_override = max(1, int(floor))
@@ -496,9 +497,9 @@ class ModelRuntime:
                 return None
             if self._polling:
                 return self.clock()
-            if self.limiter.hold.outage.active:
+            if self.limits.hold.outage.active:
                 return None
-            if self.limiter.limit != self.current():
+            if self.limits.limit != self.current():
                 return self.clock()
             return self.core.next_poll_at
 
@@ -532,7 +533,7 @@ class ModelRuntime:
         with self._lock:
             # While the model is unreachable by its own calls (gate/outage.py) a poll says nothing new: the
             # target is kept for when it returns, the limiter meanwhile admits one probe at a time.
-            if self._polling or not self.core.poll_due(now) or self.limiter.hold.outage.active:
+            if self._polling or not self.core.poll_due(now) or self.limits.hold.outage.active:
                 return False
             self._polling = True
             self._refresh_knobs()
