@@ -21,6 +21,7 @@ from model_concurrency.lab.scenario import load_scenario, scenario_from_dict
 from model_concurrency.lab.summary import SUMMARY_KEYS, jain_index
 from model_concurrency.lab.world import Phase, phases, preset_for
 from model_concurrency.policies.registry import load_policy
+from model_concurrency.runtime import ModelRuntime
 
 SIMS = Path(__file__).resolve().parents[1] / "sims"
 REQUIRED = {"ramp", "gpu-added", "replica-lost", "noisy-neighbor", "metrics-outage", "multi-client", "long-prompts"}
@@ -81,10 +82,40 @@ def test_the_production_policy_controller_and_limiter_drive_the_sim(monkeypatch:
     assert type(client.core) is ControllerCore
     assert type(client.core.policy) is AIMD
     assert type(client.limiter) is LimiterCore
+    # The client is a production runtime on the SimPy clock: its core, recorder and limiter are the runtime's, and
+    # every poll of the run went through the runtime's poll path (poll_with).
+    assert type(client.runtime) is ModelRuntime
+    assert client.runtime.core is client.core and client.runtime.calls is client.calls
+    assert client.runtime.limits is client.limits and client.limits.core is client.limiter
+    assert client.core.polls == len(client.poll_targets)
+    assert client.runtime.current() == client.limiter.limit
     # The ramp really happened through AIMD: from the floor of 4, +max(1, 25 %) a poll (4, 5, 6.25, 7.8, 9.8).
     # The first poll runs as the fan-out starts, before any item (as production's does): nothing in flight, hold.
     assert list(client.poll_targets[:5]) == [4, 5, 6, 7, 9]
     assert np.all(trace.clients[0].inflight <= trace.clients[0].target)
+
+
+def test_the_lab_runtime_judges_health_and_publishes_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica restarts mid-run: the client's runtime counts the counters that went back (its health is judged
+    by the production watch), but a simulated client exports nothing and logs no health line."""
+    built: list[SimClient] = []
+    original = SimClient.__init__
+
+    def spy(self: SimClient, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        built.append(self)
+
+    def no_publish(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a simulated client published its state")
+
+    monkeypatch.setattr(SimClient, "__init__", spy)
+    monkeypatch.setattr("model_concurrency.telemetry.publish", no_publish)
+    with caplog.at_level("INFO", logger="model_concurrency"):
+        simulate(small("replica-lost", 0.2), policy_factory=lambda: load_policy("adaptive"))  # type: ignore[arg-type]
+    assert sum(client.runtime.health.counter_resets for client in built) >= 1
+    assert not [r for r in caplog.records if "counters went backwards" in r.getMessage()]
 
 
 def test_multi_client_gets_independent_policies() -> None:

@@ -85,6 +85,8 @@ class HealthWatch:
     health: Health = field(default_factory=Health)
     frozen_polls: int = 0
     unreached_polls: int = 0
+    # Judge without a line (a runtime that publishes nothing: the lab's thousands of simulated clients).
+    quiet: bool = False
 
     def judge(
         self,
@@ -106,6 +108,7 @@ class HealthWatch:
             back = counters_went_back(snapshot, previous)
             if back:
                 resets += 1
+            if back and not self.quiet:
                 log.warning(
                     "model %s: the engine's counters went backwards (%s): an engine restart; counting from zero",
                     self.name,
@@ -125,6 +128,8 @@ class HealthWatch:
         return new
 
     def _say(self, new: Health, limit: int, target: int, failures: int, reason: str | None) -> None:
+        if self.quiet:
+            return
         old, name = self.health, self.name
         if new.fallback != old.fallback:
             if new.fallback is None:

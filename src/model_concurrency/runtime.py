@@ -14,9 +14,11 @@ A :class:`ModelRuntime` is everything this process knows and decides about one m
   its first ramp), each wait moved by up to ``± MODEL_CONCURRENCY_POLL_JITTER`` of itself (the core's
   ``next_poll_at``), so no poll rides on a completion and none blocks an event loop.
 
-:func:`poll_step` is the poll itself (snapshot or error in at a time, target out) and is the one the lab's
-simulated clients call too. Callers read a runtime's state; only its poll writes it. The registry
-(:func:`runtime_for`) holds one runtime per model key and owns reset and fork handling.
+:func:`poll_step` is the poll itself (snapshot or error in at a time, target out). The lab's simulated clients
+are runtimes too (lab/client.py): an injected limiter (:class:`Limits`), fixed :class:`RuntimeSettings`, nothing
+published, and :meth:`ModelRuntime.poll_with` for a poll their SimPy clock times, which runs the same path from
+the snapshot to the resized limiter as the poller thread. Callers read a runtime's state; only its poll writes it.
+The registry (:func:`runtime_for`) holds one runtime per model key and owns reset and fork handling.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from model_concurrency import config, export, telemetry
 from model_concurrency.config import ModelSpec, get_model, setting
@@ -45,12 +48,15 @@ from model_concurrency.signals.source import ClientOnlySource, SignalSource, Vll
 from model_concurrency.state import RuntimeState
 
 if TYPE_CHECKING:  # the gate imports this module; its own modules are imported where used
+    from model_concurrency.gate.hold import AdmissionHold
     from model_concurrency.gate.limiter import Usage
     from model_concurrency.gate.model_limiter import ModelLimiter
 
 __all__ = [
     "DEFAULT_POLICY",
+    "Limits",
     "ModelRuntime",
+    "RuntimeSettings",
     "atarget_or_floor",
     "forget_runtime",
     "install_runtime",
@@ -191,6 +197,44 @@ def adaptive_enabled() -> bool:
     return bool(setting(*config.ADAPTIVE_FLAG))
 
 
+class Limits(Protocol):
+    """What the poll path needs of a limiter: its count, its meter, its hold, and the two limits it sets.
+
+    :class:`~model_concurrency.gate.model_limiter.ModelLimiter` (threads and event loops) is the production one;
+    the lab injects a SimPy front-end on the same :class:`~model_concurrency.gate.limiter.LimiterCore`."""
+
+    hold: AdmissionHold
+
+    @property
+    def limit(self) -> int: ...
+
+    def inflight(self) -> int: ...
+
+    def units(self) -> int: ...
+
+    def take_usage(self) -> Usage: ...
+
+    def resize(self, limit: int) -> None: ...
+
+    def set_budget(self, budget: int | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """Fixed knobs for a runtime that must not read the environment (the lab passes its scenario's).
+
+    Without them a runtime reads each knob through :func:`~model_concurrency.config.setting` at every poll."""
+
+    poll_s: float
+    ramp_poll_divisor: float
+    poll_jitter: float
+    grace_polls: int
+    growth_guard: bool = True
+    outage_handover: bool = True
+    ceiling: int = 512
+    adaptive: bool = True
+
+
 class ModelRuntime:
     """One model in this process: its decisions, its limiter, its calls, and when it is polled next."""
 
@@ -203,7 +247,14 @@ class ModelRuntime:
         policy: Policy | None = None,
         clock: Clock = time.monotonic,
         floor: int | None = None,
+        limiter: Limits | None = None,
+        settings: RuntimeSettings | None = None,
+        publish: bool = True,
     ) -> None:
+        """``limiter``, ``settings`` and ``publish=False`` make a runtime whose caller owns the clock and the
+        schedule (the lab's :class:`~model_concurrency.lab.client.SimClient`): its calls are counted in the
+        injected limiter, its knobs are fixed, nothing is published or logged per model, and it polls only when
+        told (:meth:`poll_with`)."""
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
         # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
@@ -214,11 +265,14 @@ class ModelRuntime:
         self.core = ControllerCore(policy=chosen, name=self.name)
         self.calls = CallRecorder()
         self._floor_override = floor
+        self.settings = settings
+        self._publish = publish
         self._lock = threading.Lock()
         self._apply_lock = threading.Lock()  # reading the limits and setting the limiter's happen together
         self._polling = False
         self._users = 0
-        self._reporting = False  # whether anything ever counted this model's calls in flight here
+        # Whether anything ever counted this model's calls in flight here (an injected limiter's owner does).
+        self._reporting = limiter is not None
         self._said_engine_usage = False
         # The hook-alone path's previous engine reading; the reading at the last poll after an answer of the hook,
         # and the answers given since (engine_view).
@@ -229,12 +283,15 @@ class ModelRuntime:
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
-        self._watch = HealthWatch(self.name)
+        self._watch = HealthWatch(self.name, quiet=not publish)
         self.health = Health()
         self._refresh_knobs()
         from model_concurrency.gate.model_limiter import ModelLimiter
 
         self.limiter = ModelLimiter(self.name, self.core.target, clock)
+        # The limits every method here sets and reads: the gate's limiter, whose fronts acquire from it, or an
+        # injected one (the lab's SimPy front-end, whose owner admits the calls; ``limiter`` then stays unused).
+        self.limits: Limits = limiter if limiter is not None else self.limiter
         self.published: RuntimeState = self._state_locked()  # replaced after every poll
 
     # -- what callers read ---------------------------------------------------------------------------------
@@ -247,6 +304,8 @@ class ModelRuntime:
     @property
     def adaptive(self) -> bool:
         """Whether the controller applies now (a source, and the flag on): else the floor, with no scrape."""
+        if self.settings is not None:  # fixed knobs: the caller reads the signals (poll_with)
+            return self.settings.adaptive
         return self.source is not None and adaptive_enabled()
 
     def current(self) -> int:
@@ -266,22 +325,22 @@ class ModelRuntime:
         :class:`~model_concurrency.gate.target.Target`, :func:`slot`) asks for this instead of resizing."""
         with self._apply_lock:
             limit = max(1, self.current())
-            self.limiter.resize(limit)
-            self.limiter.set_budget(self.current_budget())
+            self.limits.resize(limit)
+            self.limits.set_budget(self.current_budget())
             return limit
 
     def seed_limit(self, limit: int) -> None:
         """Set the limiter of a runtime nothing has used yet (:func:`limiter_for`); the next apply overrides it."""
         with self._apply_lock:
-            self.limiter.resize(limit)
+            self.limits.resize(limit)
 
     def apply_budget(self) -> None:
         """Bring the limiter's token budget to the one in force (read and set together: a stale read never wins)."""
         with self._apply_lock:
-            self.limiter.set_budget(self.current_budget())
+            self.limits.set_budget(self.current_budget())
 
     def inflight(self) -> int:
-        return self.limiter.inflight()
+        return self.limits.inflight()
 
     def note_retry_after(self, seconds: float) -> float:
         """A 429/503 asked to wait ``seconds``: no new call to this model starts before then (gate/hold.py).
@@ -291,7 +350,7 @@ class ModelRuntime:
         (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile.
         """
         now = self.clock()
-        until = self.limiter.hold.note(seconds, now)
+        until = self.limits.hold.note(seconds, now)
         # Debug, not info: a burst of 429s would log one line each; the count is limiter.hold.holds.
         log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until
@@ -305,15 +364,16 @@ class ModelRuntime:
         if not self.adaptive:
             return self.floor
         with self._lock:
-            self.core.note_throttled(self.limiter.inflight(), self.clock(), factor)
-            self.published = self._state_locked()
-            telemetry.publish(self.published, polled=False)
+            self.core.note_throttled(self.limits.inflight(), self.clock(), factor)
+            if self._publish:
+                self.published = self._state_locked()
+                telemetry.publish(self.published, polled=False)
         self.apply_limits()
         return self.current()
 
     def held_for(self) -> float:
         """Seconds until the Retry-After hold ends (0 when calls may start)."""
-        return self.limiter.held_for()
+        return self.limits.hold.remaining(self.clock())
 
     def set_floor(self, floor: int) -> None:
         self._floor_override = max(1, int(floor))
@@ -334,7 +394,7 @@ class ModelRuntime:
         snapshot = core.last_snapshot
         score = snapshot.gateway_saturation if core.last_ok and snapshot is not None else None
         gateway_saturation, gateway_saturated = gateway_view(core.last_ok, score)
-        outage = self.limiter.hold.outage
+        outage = self.limits.hold.outage
         since = outage.since
         return RuntimeState(
             model=self.name,
@@ -343,8 +403,8 @@ class ModelRuntime:
             waiting=good.waiting if good else None,
             waiting_capacity=good.waiting_capacity if good else None,
             kv_cache_usage=good.kv_cache_usage if good else None,
-            inflight=self.limiter.inflight(),
-            inflight_tokens=self.limiter.units(),
+            inflight=self.limits.inflight(),
+            inflight_tokens=self.limits.units(),
             token_budget=self.current_budget(),
             current_target=core.target,
             floor=core.lower,
@@ -371,6 +431,14 @@ class ModelRuntime:
         )
 
     def _refresh_knobs(self) -> None:
+        fixed = self.settings
+        if fixed is not None:
+            core = self.core
+            core.poll_interval_s, core.ramp_poll_divisor = fixed.poll_s, fixed.ramp_poll_divisor
+            core.poll_jitter, core.grace_polls = fixed.poll_jitter, fixed.grace_polls
+            core.guard.enabled, core.outage_handover = fixed.growth_guard, fixed.outage_handover
+            core.set_bounds(self.floor, fixed.ceiling)
+            return
         self.core.poll_interval_s = setting(*config.POLL_S)
         self.core.ramp_poll_divisor = setting(*config.RAMP_POLL_DIVISOR)
         self.core.poll_jitter = setting(*config.POLL_JITTER)
@@ -429,9 +497,9 @@ class ModelRuntime:
                 return None
             if self._polling:
                 return self.clock()
-            if self.limiter.hold.outage.active:
+            if self.limits.hold.outage.active:
                 return None
-            if self.limiter.limit != self.current():
+            if self.limits.limit != self.current():
                 return self.clock()
             return self.core.next_poll_at
 
@@ -465,18 +533,35 @@ class ModelRuntime:
         with self._lock:
             # While the model is unreachable by its own calls (gate/outage.py) a poll says nothing new: the
             # target is kept for when it returns, the limiter meanwhile admits one probe at a time.
-            if self._polling or not self.core.poll_due(now) or self.limiter.hold.outage.active:
+            if self._polling or not self.core.poll_due(now) or self.limits.hold.outage.active:
                 return False
             self._polling = True
             self._refresh_knobs()
             self.core.begin_poll(now)
             return True
 
-    def _finish(self, snapshot: EngineSnapshot | None, error: BaseException | None) -> None:
+    def poll_with(self, read: Callable[[], EngineSnapshot | None], unavailable: str = "no snapshot") -> int:
+        """A poll at the caller's moment, due or not (the lab's, on its SimPy clock): claimed, ``read`` for the
+        snapshot (None: no signal, for ``unavailable``), then the scheduled poll's own path (:meth:`_finish`: the
+        poll step, the health judgement, the limits applied). Returns the limit in force."""
+        with self._lock:
+            self._polling = True
+            if self.settings is None:  # fixed settings were applied when the runtime was built
+                self._refresh_knobs()
+            self.core.begin_poll(self.clock())
+        try:
+            snapshot = read()
+        except Exception as exc:
+            self._finish(None, exc)
+        else:
+            self._finish(snapshot, None, unavailable)
+        return self.current()
+
+    def _finish(self, snapshot: EngineSnapshot | None, error: BaseException | None, unavailable: str = "") -> None:
         with self._lock:
             try:
                 now = self.clock()
-                usage, calls = self.limiter.take_usage(), self.calls.drain()
+                usage, calls = self.limits.take_usage(), self.calls.drain()
                 if snapshot is not None and not self._reporting:
                     answered = (self._answered_at, self._answers) if self._answered_at is not None else None
                     usage, calls = engine_view(snapshot, self._engine_seen, now, self.core.target, answered)
@@ -492,8 +577,8 @@ class ModelRuntime:
                         )
                 reason = None
                 if snapshot is None:
-                    reason = f"{type(error).__name__}: {error}" if error is not None else "no snapshot"
-                previous, limit = self.core.last_snapshot, self.limiter.limit
+                    reason = f"{type(error).__name__}: {error}" if error is not None else (unavailable or "no snapshot")
+                previous, limit = self.core.last_snapshot, self.limits.limit
                 try:
                     poll_step(self.core, calls, usage, now, snapshot, reason)
                 except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
@@ -501,9 +586,10 @@ class ModelRuntime:
                     snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"
                     self.core.fail(now, reason, inflight=usage.inflight)
                 self._judge_health(snapshot, previous, limit, reason)
-                self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
-                self.published = self._state_locked()
-                telemetry.publish(self.published)
+                if self._publish:
+                    self._last_poll_wall = _wall(self.core.last_poll_time, self.clock())
+                    self.published = self._state_locked()
+                    telemetry.publish(self.published)
             finally:
                 self._polling = False
         self.apply_limits()

@@ -1,17 +1,19 @@
-"""Fan-out clients on simulated time: the production model runtime's parts behind a SimPy front-end.
+"""Fan-out clients on simulated time: the production model runtime on a SimPy clock.
 
 (Over 400 lines: the simulated twin of map_concurrent, slot and the call recorder in one place, so the lab's client
 cannot drift from the live path piece by piece.)
 
 Nothing here re-implements a decision or a poll. A :class:`SimClient` is the simulated twin of ``map_concurrent``
-on a :class:`~model_concurrency.runtime.ModelRuntime`: the same :class:`~model_concurrency.controller.ControllerCore`,
-:class:`~model_concurrency.gate.limiter.LimiterCore`, :class:`~model_concurrency.gate.limiter.UsageMeter` and
-:class:`~model_concurrency.controller.CallRecorder`, and the same poll step
-(:func:`~model_concurrency.runtime.poll_step`: snapshot or error in, interval usage and calls drained, target
-out). It supplies only what differs in a simulation: the clock (``env.now``), the schedule (a SimPy process that
-sleeps until the core's ``next_poll_at``, like the live poller thread: every ``poll_s`` seconds, sooner while the
-policy ramps, each wait jittered by the core from the stream it is given: seeded, so a run is reproducible) and
-the I/O (the fleet's snapshot, and requests submitted
+on a :class:`~model_concurrency.runtime.ModelRuntime`, and it *is* one: a runtime built on the SimPy clock
+(``clock=lambda: env.now``), with an injected limiter (:class:`SimLimits`: a
+:class:`~model_concurrency.gate.limiter.LimiterCore` and :class:`~model_concurrency.gate.limiter.UsageMeter` whose
+waiters are SimPy events), the scenario's knobs as fixed :class:`~model_concurrency.runtime.RuntimeSettings`, and
+``publish=False`` (no telemetry or export, health judged without log lines). From a snapshot to the resized
+limiter it runs the runtime's own poll path (``poll_with``: the poll step, the health judgement, ``apply_limits``),
+and a 429 goes through the runtime's ``note_throttled``. The client supplies only what differs in a simulation:
+the schedule (a SimPy process that calls ``poll_with`` when the core's ``next_poll_at`` comes, like the live
+poller thread: every ``poll_s`` seconds, sooner while the policy ramps, each wait jittered by the core from the
+stream it is given: seeded, so a run is reproducible) and the I/O (the fleet's snapshot, and requests submitted
 to the engine model).
 
 A rate-limited target (:class:`~model_concurrency.lab.ratelimit.RateLimitedFront`) may refuse a call with a
@@ -19,12 +21,12 @@ Retry-After: the call is recorded as throttled (status 429, never a success), th
 :class:`~model_concurrency.gate.hold.AdmissionHold` (the rule the live gate applies) and the item is retried once
 the hold has passed.
 
-The limiter's SimPy front-end is a few lines: a waiter is a SimPy event, the waiters the core hands back on
-``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter. Each request is
-weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a policy that answers
-a token budget is obeyed exactly as production obeys it; a count-only policy leaves the budget unenforced. One
-dispatcher process per client pulls items while the limiter grants slots, so a client costs one process, not one
-per item.
+The limiter's SimPy front-end (:class:`SimLimits`) is a few lines: a waiter is a SimPy event, the waiters the core
+hands back on ``release``/``resize`` are succeeded, and every change of the count is noted in the usage meter.
+Each request is weighed by its tokens (prompt plus output, what ``map_concurrent(..., weight=)`` passes), so a
+policy that answers a token budget is obeyed exactly as production obeys it; a count-only policy leaves the
+budget unenforced. One dispatcher process per client pulls items while the limiter grants slots, so a client
+costs one process, not one per item.
 """
 
 from __future__ import annotations
@@ -38,17 +40,17 @@ import simpy
 from simpy.events import Event, Timeout
 
 from model_concurrency import config
-from model_concurrency.controller import CallRecorder, ControllerCore
+from model_concurrency.controller import check_poll_jitter
 from model_concurrency.engine.engine import RequestTooLargeError
 from model_concurrency.engine.request import ABORT, Request
 from model_concurrency.gate.hold import AdmissionHold
-from model_concurrency.gate.limiter import LimiterCore, UsageMeter
+from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
-from model_concurrency.runtime import poll_step
+from model_concurrency.runtime import ModelRuntime, RuntimeSettings
 from model_concurrency.signals.interval import IntervalMeter
 
-__all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SubmitTarget", "request_stream"]
+__all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SimLimits", "SubmitTarget", "request_stream"]
 
 #: The round trip of a call the engine refuses outright (vLLM's HTTP 400 for a prompt it can never take): the slot
 #: is held this long, so a stream of such items cannot spin the dispatcher at one simulated instant.
@@ -143,8 +145,50 @@ class ScheduledLimit:
         return sorted({at for at, _ in self.schedule} | {at for at, _ in self.budgets})
 
 
+class SimLimits:
+    """The limiter's SimPy front-end, the runtime's :class:`~model_concurrency.runtime.Limits` on ``env.now``.
+
+    A waiter is a SimPy event: those the core hands back are succeeded, and every change of the count is noted in
+    the usage meter (even one that admits nobody: the same notes, so the same interval figures, as before the
+    client was a runtime). The hot path (acquire, release) uses :attr:`core` and :attr:`meter` directly."""
+
+    __slots__ = ("core", "env", "hold", "meter")
+
+    def __init__(self, env: simpy.Environment, limit: int, budget: int | None, hold: AdmissionHold) -> None:
+        self.env = env
+        self.core: LimiterCore[simpy.Event] = LimiterCore(limit, budget)
+        self.meter = UsageMeter(env.now)
+        self.hold = hold
+
+    @property
+    def limit(self) -> int:
+        return self.core.limit
+
+    def inflight(self) -> int:
+        return self.core.inflight
+
+    def units(self) -> int:
+        return self.core.units
+
+    def take_usage(self) -> Usage:
+        return self.meter.take(self.env.now)
+
+    def wake(self, granted: list[simpy.Event]) -> None:
+        core = self.core
+        self.meter.note(core.inflight, self.env.now, core.units)
+        for event in granted:
+            event.succeed()
+
+    def resize(self, limit: int) -> None:
+        self.wake(self.core.resize(limit))
+
+    def set_budget(self, budget: int | None) -> None:
+        self.wake(self.core.set_budget(budget))
+
+
 class SimClient:
-    """One closed-loop fan-out client: limiter, controller core, poller, dispatcher, and its statistics."""
+    """One closed-loop fan-out client: a :class:`~model_concurrency.runtime.ModelRuntime` on ``env.now``, its
+    SimPy limiter, poller and dispatcher, and its statistics."""
 
     def __init__(
         self,
@@ -182,30 +226,44 @@ class SimClient:
         jitter = poll_jitter if poll_jitter is not None else config.setting(*config.POLL_JITTER)
         if policy is not None and jitter and jitter_rng is None:
             raise ValueError("poll_jitter needs a jitter_rng (runs are reproducible from their seed)")
-        self.core = ControllerCore(
-            policy=policy if policy is not None else _Hold(),
-            floor=floor,
-            ceiling=ceiling,
-            grace_polls=grace_polls,
-            poll_interval_s=poll_s,
-            outage_handover=outage_handover,
-            poll_jitter=jitter,
-            name=name,  # its decision lines (-v) say which client decided
+        check_poll_jitter(jitter)
+        settings = RuntimeSettings(
+            poll_s=poll_s,
             # The production knob, read as the live runtime reads it, so the lab measures what ships.
             ramp_poll_divisor=(
                 ramp_poll_divisor if ramp_poll_divisor is not None else config.setting(*config.RAMP_POLL_DIVISOR)
             ),
+            poll_jitter=jitter,
+            grace_polls=grace_polls,
+            growth_guard=guard,
+            outage_handover=outage_handover,
+            ceiling=ceiling,
         )
+        self.hold = AdmissionHold()
+        # The limiter starts at the floor, where a runtime's core starts (or at the schedule's first limit).
+        start = schedule.limit_at(0.0) if schedule is not None else max(1, int(floor))
+        self.limits = SimLimits(env, start, schedule.budget_at(0.0) if schedule else None, self.hold)
+        # The production runtime, on this clock and this limiter, with the scenario's knobs, publishing nothing;
+        # its decision lines (-v) say which client decided. The poll below times it (poll_with).
+        self.runtime = ModelRuntime(
+            None,
+            name=name,
+            policy=policy if policy is not None else _Hold(),
+            clock=lambda: env.now,
+            floor=floor,
+            limiter=self.limits,
+            settings=settings,
+            publish=False,
+        )
+        self.core = self.runtime.core
         if jitter_rng is not None:
             self.core.jitter_rng = jitter_rng
-        self.core.guard.enabled = guard
         # A client-side policy is given no engine signal, as production gives it ClientOnlySource.
         self.engine_signals = policy is not None and uses_engine_signals(policy)
-        start = schedule.limit_at(0.0) if schedule is not None else self.core.target
-        self.limiter: LimiterCore[simpy.Event] = LimiterCore(start, schedule.budget_at(0.0) if schedule else None)
-        self.usage = UsageMeter(env.now)
+        self.limiter = self.limits.core
+        self.usage = self.limits.meter
         self._units: dict[int, int] = {}  # id(request) -> the units it holds
-        self.calls = CallRecorder()
+        self.calls = self.runtime.calls
         # This client's previous reading: the interval since its last poll, as a live source keeps it.
         self.meter = IntervalMeter()
         self.started = 0
@@ -215,7 +273,6 @@ class SimClient:
         # Items the engine refused (too long for it): each failed for good, never retried, as vLLM's 400 is final.
         self.rejected = 0
         self.throttle_times: list[float] = []
-        self.hold = AdmissionHold()
         self.retry: list[Request] = []
         # Typed arrays, not lists of floats: a fleet run finishes millions of requests (8 bytes each, not 32).
         # ``shared_records`` (queue times, latencies, finish times) lets every client of a run append to the same
@@ -244,13 +301,12 @@ class SimClient:
 
     # -- the limiter's SimPy front-end ------------------------------------------------------------------
     def _wake(self, granted: list[simpy.Event]) -> None:
-        self.usage.note(self.limiter.inflight, self.env.now, self.limiter.units)
-        for event in granted:
-            event.succeed()
+        self.limits.wake(granted)
 
     def _resize(self, limit: int, budget: int | None = None) -> None:
-        granted = self.limiter.resize(max(1, int(limit)))
-        self._wake(granted + self.limiter.set_budget(budget))
+        """A scheduled client's limits (the oracle's): set on the limiter, as the runtime's apply_limits does."""
+        self.limits.resize(max(1, int(limit)))
+        self.limits.set_budget(budget)
 
     # -- processes ------------------------------------------------------------------------------------------
     def _dispatch(self) -> Generator[Any, Any, None]:
@@ -388,26 +444,29 @@ class SimClient:
         self.hold.note(retry_after_s, now)
         self.retry.append(request)
         self._wake(self.limiter.release(self._units.pop(id(request))))
-        if self.schedule is None:  # the production rule (ModelRuntime.note_throttled), on the same core
-            self._resize(self.core.note_throttled(self.limiter.inflight), self.core.token_budget)
+        if self.schedule is None:  # the production rule, applied by the production runtime
+            self.runtime.note_throttled()
+
+    def _read(self) -> EngineSnapshot | None:
+        """The signal source: the fleet's page through this client's interval meter (None while it is down); an
+        empty snapshot for a client-side policy, as production's ClientOnlySource gives one."""
+        if not self.engine_signals:
+            return EngineSnapshot()
+        if not self.metrics_up():
+            return None
+        try:
+            return self.meter.advance(self.target.snapshot())
+        except ConnectionError:
+            return None
 
     def _poll(self, first_poll_s: float) -> Generator[Any, Any, None]:
-        env, core = self.env, self.core
+        """The poller: the runtime's own poll path at the moments its core schedules (``next_poll_at``)."""
+        env, core, runtime, read = self.env, self.core, self.runtime, self._read
         if first_poll_s > 0:
             yield env.timeout(first_poll_s)
         while True:
-            now = env.now
-            core.begin_poll(now)
-            snapshot = None if self.engine_signals else EngineSnapshot()
-            if self.engine_signals and self.metrics_up():
-                try:
-                    snapshot = self.meter.advance(self.target.snapshot())
-                except ConnectionError:
-                    snapshot = None
-            poll_step(core, self.calls.drain(), self.usage.take(now), now, snapshot, "metrics unavailable")
-            self.poll_times.append(now)
-            self.poll_targets.append(core.target)
-            self._resize(core.target, core.token_budget)
+            self.poll_times.append(env.now)
+            self.poll_targets.append(runtime.poll_with(read, "metrics unavailable"))
             yield env.timeout(max(0.0, core.next_poll_at - env.now))
 
     def _follow_schedule(self) -> Generator[Any, Any, None]:
