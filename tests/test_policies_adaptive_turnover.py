@@ -8,6 +8,7 @@ import pytest
 
 from model_concurrency import Observation
 from model_concurrency.policies import Adaptive
+from test_policies_adaptive_first_ramp import shared  # a poll of one of several clients (no KV figures)
 
 
 def alone(
@@ -67,18 +68,6 @@ def test_the_rate_test_judges_a_window_only_over_a_round_trip_of_it() -> None:
     assert q.next_target(16, alone(16, calls=16, time=12.0)) == 32
     assert q.next_target(32, alone(32, calls=17, time=24.0)) == 33
     assert q.w_max == 32
-
-
-def shared(inflight: int, *, running: float, waiting: float, time: float) -> Observation:
-    """A poll of one of several clients on an engine (no KV figures)."""
-    return Observation(
-        running=running,
-        waiting=waiting,
-        waiting_capacity=waiting,
-        inflight=inflight,
-        inflight_peak=inflight,
-        time=time,
-    )
 
 
 def test_a_queue_the_engine_is_still_taking_in_is_held_not_cut() -> None:
