@@ -523,7 +523,9 @@ class ModelRuntime:
                 continue
             if self.adaptive and self._claim():
                 self._poll_blocking()
-            self._closed.wait(_MIN_GAP_S)
+                self._closed.wait(_MIN_GAP_S)
+            else:  # due but not claimed (an outage, or a poll under way elsewhere): look again later, no spin
+                self._closed.wait(_MAX_WAIT_S)
 
     # -- the poll ------------------------------------------------------------------------------------------
     def _claim(self) -> bool:
