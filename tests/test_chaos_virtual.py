@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
-from model_concurrency import map_concurrent, register_model
+from model_concurrency import RetryPolicy, map_concurrent, register_model
 from model_concurrency.emulator.app import Emulator, create_app
 from model_concurrency.emulator.core import EmulatorConfig
 from model_concurrency.emulator.links import LocalLink
@@ -36,7 +37,7 @@ class Crashable(httpx.AsyncBaseTransport):
 
     def __init__(self, loop: VirtualTimeLoop, config: EmulatorConfig, speed: float) -> None:
         self.loop, self.config, self.speed = loop, config, speed
-        self.calls: set[asyncio.Task[httpx.Response]] = set()
+        self.calls: dict[asyncio.Task[httpx.Response], None] = {}  # in order: killed in the order sent
         self.kills = 0
         self.start()
 
@@ -57,7 +58,7 @@ class Crashable(httpx.AsyncBaseTransport):
         if not self.up:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         call = asyncio.ensure_future(self.app.handle_async_request(request))
-        self.calls.add(call)
+        self.calls[call] = None
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -66,7 +67,7 @@ class Crashable(httpx.AsyncBaseTransport):
             call.cancel()
             raise
         finally:
-            self.calls.discard(call)
+            self.calls.pop(call, None)
 
 
 @dataclass
@@ -137,7 +138,11 @@ def chaos_run(
             watcher = asyncio.ensure_future(chaos())
             try:
                 report.results = await map_concurrent(
-                    stream(), embed, model="chaos", return_exceptions=True, retries=retries
+                    stream(),
+                    embed,
+                    model="chaos",
+                    return_exceptions=True,
+                    retries=RetryPolicy(retries, rng=random.Random(0)),
                 )
             finally:
                 watcher.cancel()

@@ -45,6 +45,11 @@ def test_delays_exact() -> None:
     assert policy.delay(None, 0) is None
     assert RetryPolicy(20, rng=Top()).delay(refusal(503), 19) == 30.0  # capped  # type: ignore[arg-type]
     assert retry_policy(0) is None
+    own = RetryPolicy(2, base_s=0.01)
+    assert retry_policy(own) is own and retry_policy(RetryPolicy(0)) is None
+    for bad_count in (-1, True):
+        with pytest.raises(ValueError, match="retries"):
+            retry_policy(RetryPolicy(bad_count))
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="retries"):
             retry_policy(bad)  # type: ignore[arg-type]
@@ -75,10 +80,12 @@ def answers(statuses: list[int], headers: dict[str, str]) -> Callable[[BaseHTTPR
         ([429], {"x-should-retry": "false"}, 3, 1, False),  # the server says no
         ([500], {}, 3, 1, False),  # an error, not a refusal: never resent
         ([503], {}, 0, 1, False),  # the default: no retries
+        ([503, 503], {}, RetryPolicy(2, base_s=0.001), 3, True),  # the caller's own policy (its backoff, its rng)
+        ([503], {}, RetryPolicy(0), 1, False),
     ],
 )
 def test_through_map_concurrent_and_threads(
-    statuses: list[int], headers: dict[str, str], retries: int, attempts: int, ok: bool
+    statuses: list[int], headers: dict[str, str], retries: int | RetryPolicy, attempts: int, ok: bool
 ) -> None:
     register_model("m", base_url=None, max_parallel_calls=1)
     for front in ("async", "threads"):

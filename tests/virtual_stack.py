@@ -12,6 +12,7 @@ the runtime's own source.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -64,7 +65,11 @@ async def emulator_app(
 
 def install_on_loop(loop: VirtualTimeLoop, name: str, source: SignalSource | None = None) -> ModelRuntime:
     """``name``'s runtime on the loop's clock (its registered source unless ``source`` is given), installed for
-    every entry point; the loop's clock waits at each of its polls."""
-    runtime = install_runtime(ModelRuntime(get_model(name), source=source, clock=loop.time))
-    loop.add_barrier(runtime.scheduled_poll_at)
-    return runtime
+    every entry point. Its scheduled poller is a task on the loop (``poll_loop``), not a thread: a thread's
+    waits are real, so where its poll landed among the loop's callbacks (how many calls had come back, which
+    were admitted) varied from run to run; a task's are the loop's timers. The poll jitter's stream is seeded,
+    so a run is the same every time (with a seeded ``RetryPolicy`` where the test retries)."""
+    runtime = ModelRuntime(get_model(name), source=source, clock=loop.time, poll_loop=loop)
+    runtime.core.jitter_rng = random.Random(0)
+    loop.add_barrier(runtime.scheduled_poll_at)  # a poll under way holds the clock (its page may be real I/O)
+    return install_runtime(runtime)

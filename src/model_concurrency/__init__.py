@@ -9,6 +9,7 @@ from model_concurrency.controller import ControllerCore
 from model_concurrency.gate import (
     GateStats,
     ModelUnreachable,
+    RetryPolicy,
     gate_stats,
     imap_concurrent,
     map_concurrent,
@@ -38,6 +39,7 @@ __all__ = [
     "ModelUnreachable",
     "Observation",
     "Policy",
+    "RetryPolicy",
     "UnknownModelError",
     "adaptive_capacity",
     "aresolve_capacity",

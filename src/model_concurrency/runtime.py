@@ -24,6 +24,7 @@ The registry (:func:`runtime_for`) holds one runtime per model key and owns rese
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import os
@@ -185,12 +186,11 @@ def _fell_back(model: str | None, floor: int) -> int:
     return floor
 
 
-def _in_event_loop() -> bool:
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
-        return False
-    return True
+        return None
 
 
 def adaptive_enabled() -> bool:
@@ -250,11 +250,17 @@ class ModelRuntime:
         limiter: Limits | None = None,
         settings: RuntimeSettings | None = None,
         publish: bool = True,
+        poll_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``limiter``, ``settings`` and ``publish=False`` make a runtime whose caller owns the clock and the
         schedule (the lab's :class:`~model_concurrency.lab.client.SimClient`): its calls are counted in the
         injected limiter, its knobs are fixed, nothing is published or logged per model, and it polls only when
-        told (:meth:`poll_with`)."""
+        told (:meth:`poll_with`).
+
+        ``poll_loop`` (with ``clock=poll_loop.time``): the scheduled poller is a task on that event loop instead
+        of a thread. For a loop on virtual time (lab/virtual_loop.py): a thread's waits are real, so when its poll
+        lands among the loop's callbacks would depend on how fast the machine runs; a task's waits are the loop's
+        timers, so every run makes the same polls at the same moments with the same calls in flight."""
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
         # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
@@ -279,7 +285,9 @@ class ModelRuntime:
         self._engine_seen: tuple[float, EngineSnapshot] | None = None
         self._answered_at: EngineSnapshot | None = None
         self._answers = 0
-        self._poller: threading.Thread | None = None
+        self.poll_loop = poll_loop
+        self._inline_polls: set[asyncio.Task[None]] = set()
+        self._poller: threading.Thread | asyncio.Task[None] | concurrent.futures.Future[None] | None = None
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
@@ -473,6 +481,13 @@ class ModelRuntime:
     def _start_poller(self) -> None:
         if self._poller is None and self.source is not None and not self._closed.is_set():
             export.ensure_started()  # MODEL_CONCURRENCY_EXPORT: publish for `watch --job` (export.py)
+            if self.poll_loop is not None:
+                poller = self._apoll_loop()
+                if _running_loop() is self.poll_loop:
+                    self._poller = self.poll_loop.create_task(poller)
+                else:  # asked from another thread (a hook called through asyncio.to_thread)
+                    self._poller = asyncio.run_coroutine_threadsafe(poller, self.poll_loop)
+                return
             self._poller = threading.Thread(
                 target=self._poll_loop, name=f"model-concurrency-poll-{self.name}", daemon=True
             )
@@ -501,6 +516,8 @@ class ModelRuntime:
                 return None
             if self.limits.limit != self.current():
                 return self.clock()
+            if self.poll_loop is not None:  # the poller is a task there: its own timer stops that loop's clock
+                return None
             return self.core.next_poll_at
 
     def leave(self) -> None:
@@ -526,6 +543,22 @@ class ModelRuntime:
                 self._closed.wait(_MIN_GAP_S)
             else:  # due but not claimed (an outage, or a poll under way elsewhere): look again later, no spin
                 self._closed.wait(_MAX_WAIT_S)
+
+    async def _apoll_loop(self) -> None:
+        """:meth:`_poll_loop` as a task on ``poll_loop``: the same schedule, every wait on the loop's clock."""
+        while True:
+            with self._lock:
+                if not self._in_use() or self._closed.is_set():
+                    self._poller = None
+                    return
+                wait = self.core.next_poll_at - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif self.adaptive and self._claim():
+                await self._apoll()
+                await asyncio.sleep(_MIN_GAP_S)
+            else:
+                await asyncio.sleep(_MAX_WAIT_S)
 
     # -- the poll ------------------------------------------------------------------------------------------
     def _claim(self) -> bool:
@@ -627,7 +660,12 @@ class ModelRuntime:
     def target(self) -> int:
         """The limit for sync callers; polls inline when due, or in a thread when inside a running event loop."""
         if self.adaptive and self._claim():
-            if _in_event_loop():
+            running = _running_loop()
+            if running is not None and running is self.poll_loop:
+                task = running.create_task(self._apoll())
+                self._inline_polls.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._inline_polls.discard)
+            elif running is not None:
                 threading.Thread(target=self._poll_blocking, name="model-concurrency-poll", daemon=True).start()
             else:
                 self._poll_blocking()
@@ -636,18 +674,22 @@ class ModelRuntime:
     async def atarget(self) -> int:
         """The limit for async callers; a due poll is awaited here, never blocking the loop."""
         if self.adaptive and self._claim():
-            assert self.source is not None
-            try:
-                snapshot = await self.source.aread()
-            except asyncio.CancelledError:
-                with self._lock:
-                    self._polling = False
-                raise
-            except Exception as exc:
-                self._finish(None, exc)
-            else:
-                self._finish(snapshot, None)
+            await self._apoll()
         return self.current()
+
+    async def _apoll(self) -> None:
+        """A claimed poll, read on the running loop."""
+        assert self.source is not None
+        try:
+            snapshot = await self.source.aread()
+        except asyncio.CancelledError:
+            with self._lock:
+                self._polling = False
+            raise
+        except Exception as exc:
+            self._finish(None, exc)
+        else:
+            self._finish(snapshot, None)
 
     def __repr__(self) -> str:
         return f"ModelRuntime(model={self.name!r}, target={self.current()}, source={self.source!r})"

@@ -15,6 +15,7 @@ from model_concurrency.gate.limiter import LimiterCore
 from model_concurrency.gate.model_limiter import ModelLimiter
 from model_concurrency.gate.outage import ModelUnreachable
 from model_concurrency.gate.pool import WorkerPool, drop_pools, pool_for
+from model_concurrency.gate.retries import RetryPolicy
 from model_concurrency.gate.slot import slot
 from model_concurrency.gate.stats import GateStats, gate_stats, reset_stats
 from model_concurrency.gate.threaded import map_concurrent_sync
@@ -25,6 +26,7 @@ __all__ = [
     "LimiterCore",
     "ModelLimiter",
     "ModelUnreachable",
+    "RetryPolicy",
     "WorkerPool",
     "gate_stats",
     "imap_concurrent",

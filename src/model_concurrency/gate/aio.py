@@ -500,7 +500,8 @@ async def map_concurrent(
     ``allow_unregistered=True`` runs it at the floor instead (capacity 1, one warning per name).
     ``retries=N`` (idempotent calls only) sends
     an item again, up to N times, after a rejection or an outage (never after another error), with backoff that
-    honours ``Retry-After`` (gate/retries.py).
+    honours ``Retry-After`` (gate/retries.py); a :class:`~model_concurrency.gate.retries.RetryPolicy` instead of N
+    sets the backoff too.
     """
     return await gather_in_order(items, fn, return_exceptions, options)
 

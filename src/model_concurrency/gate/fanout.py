@@ -48,7 +48,7 @@ class FanOptions(TypedDict, Generic[T], total=False):
     timeout: float | None
     weight: Callable[[T], float] | None
     allow_unregistered: bool
-    retries: int
+    retries: int | RetryPolicy
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -120,7 +120,7 @@ class Fanout:
         timeout: float | None = None,
         weight: Callable[[Any], float] | None = None,
         allow_unregistered: bool = False,
-        retries: int = 0,
+        retries: int | RetryPolicy = 0,
     ) -> None:
         check_registered(model, allow_unregistered, pinned=capacity is not None)
         check_args(capacity, timeout)

@@ -44,8 +44,13 @@ class RetryPolicy:
         return max(backoff, outcome.hold_s or 0.0)
 
 
-def retry_policy(retries: int) -> RetryPolicy | None:
-    """The policy for ``retries=`` (None for 0); ``ValueError`` for anything but an int >= 0."""
+def retry_policy(retries: int | RetryPolicy) -> RetryPolicy | None:
+    """The policy for ``retries=`` (None for 0): a count, or a :class:`RetryPolicy` of the caller's own (its
+    backoff, or a seeded ``rng`` so a run on virtual time repeats exactly); ``ValueError`` for anything else."""
+    if isinstance(retries, RetryPolicy):
+        if isinstance(retries.retries, bool) or not isinstance(retries.retries, int) or retries.retries < 0:
+            raise ValueError(f"RetryPolicy.retries must be an int >= 0, got {retries.retries!r}")
+        return retries if retries.retries else None
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int >= 0 (attempts after the first; idempotent calls), got {retries!r}")
     return RetryPolicy(retries) if retries else None

@@ -211,7 +211,7 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
         source = AsgiMetricsSource(client, loop, server.model_name)
         register_model(name, base_url=f"{_BASE}/v1", served_model_name=server.model_name, max_parallel_calls=c.floor)
         runtime = install_runtime(
-            ModelRuntime(get_model(name), source=source, policy=load_policy(policy), clock=loop.time)
+            ModelRuntime(get_model(name), source=source, policy=load_policy(policy), clock=loop.time, poll_loop=loop)
         )
         # The lab's client 0 draws its poll jitter from this stream: both sides draw the same waits, poll for poll.
         runtime.core.jitter_rng = poll_jitter_rng(scenario, 0)

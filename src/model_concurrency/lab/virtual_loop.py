@@ -1,18 +1,20 @@
 """An asyncio event loop on virtual time: its clock jumps to the next timer whenever nothing is ready to run.
 
-Why: the production stack (``map_concurrent``, the model runtime and its poll thread, httpx, the emulator's ASGI
+Why: the production stack (``map_concurrent``, the model runtime and its poller, httpx, the emulator's ASGI
 app over the engine model) can then run an hour of simulated traffic in seconds, and no figure depends on how fast
 this machine is or on what else it runs. Nothing in the stack is changed for it: everything that tells time asks
 the loop (``loop.time``), and the runtime and the emulator's :class:`~model_concurrency.emulator.SimDriver` are
 given ``loop.time`` as their clock.
 
-One thing runs outside the loop: the runtime's background poll thread. The clock must not run past a poll that
-is due, or the poll would land late in virtual time only because the thread was slower than the loop. So the
-loop takes a *barrier* (``barrier() -> float | None``, e.g. :meth:`ModelRuntime.scheduled_poll_at
+The runtime's scheduled poller runs on the loop too (``ModelRuntime(poll_loop=loop)``): a poll thread's waits
+are real, so where its poll landed among the loop's callbacks varied with the machine's speed. What may still
+happen outside the loop is a poll's I/O (a real loopback ``/metrics`` page) or a poll thread where one is used.
+The clock must not run on while such a poll is under way, nor past one that is due, or the poll would land late
+in virtual time only because the socket or the thread was slower than the loop. So the loop takes a *barrier*
+(``barrier() -> float | None``, e.g. :meth:`ModelRuntime.scheduled_poll_at
 <model_concurrency.runtime.ModelRuntime.scheduled_poll_at>`): the clock never jumps past it, and once it is
-reached the loop waits in real time (serving any I/O the thread asks of it, such as the ``/metrics`` request)
-until the barrier moves on. Only jumps are virtual; real I/O (a thread's ``call_soon_threadsafe``) still wakes
-the loop at once.
+reached the loop waits in real time (serving any I/O, such as the ``/metrics`` request) until the barrier moves
+on. Only jumps are virtual; real I/O (a socket, a thread's ``call_soon_threadsafe``) still wakes the loop at once.
 """
 
 from __future__ import annotations
