@@ -528,37 +528,34 @@ class ModelRuntime:
         """Stop polling (the registry dropped this runtime); holders still release into its limiter."""
         self._closed.set()
 
+    def _next_move(self) -> tuple[bool, float] | None:
+        """The scheduled poller's next move, the same for its thread and its task: None to stop (nothing uses the
+        model any more), else whether it claimed a poll to run now, and how long to wait after it (or instead)."""
+        with self._lock:
+            if not self._in_use() or self._closed.is_set():
+                self._poller = None
+                return None
+            wait = self.core.next_poll_at - self.clock()
+        if wait > 0:
+            return False, wait
+        if self.adaptive and self._claim():
+            return True, _MIN_GAP_S
+        return False, _MAX_WAIT_S  # due but not claimed (an outage, or a poll under way elsewhere): no spin
+
     def _poll_loop(self) -> None:
-        while True:
-            with self._lock:
-                if not self._in_use() or self._closed.is_set():
-                    self._poller = None
-                    return
-                wait = self.core.next_poll_at - self.clock()
-            if wait > 0:
-                self._closed.wait(min(wait, _MAX_WAIT_S))
-                continue
-            if self.adaptive and self._claim():
+        while (move := self._next_move()) is not None:
+            claimed, wait = move
+            if claimed:
                 self._poll_blocking()
-                self._closed.wait(_MIN_GAP_S)
-            else:  # due but not claimed (an outage, or a poll under way elsewhere): look again later, no spin
-                self._closed.wait(_MAX_WAIT_S)
+            self._closed.wait(min(wait, _MAX_WAIT_S))  # a clock that jumps (a test's) is followed promptly
 
     async def _apoll_loop(self) -> None:
-        """:meth:`_poll_loop` as a task on ``poll_loop``: the same schedule, every wait on the loop's clock."""
-        while True:
-            with self._lock:
-                if not self._in_use() or self._closed.is_set():
-                    self._poller = None
-                    return
-                wait = self.core.next_poll_at - self.clock()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            elif self.adaptive and self._claim():
+        """:meth:`_poll_loop` as a task on ``poll_loop``: every wait is that loop's timer."""
+        while (move := self._next_move()) is not None:
+            claimed, wait = move
+            if claimed:
                 await self._apoll()
-                await asyncio.sleep(_MIN_GAP_S)
-            else:
-                await asyncio.sleep(_MAX_WAIT_S)
+            await asyncio.sleep(wait)
 
     # -- the poll ------------------------------------------------------------------------------------------
     def _claim(self) -> bool:
