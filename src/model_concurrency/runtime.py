@@ -294,12 +294,17 @@ class ModelRuntime:
         self._watch = HealthWatch(self.name, quiet=not publish)
         self.health = Health()
         self._refresh_knobs()
-        from model_concurrency.gate.model_limiter import ModelLimiter
-
-        self.limiter = ModelLimiter(self.name, self.core.target, clock)
         # The limits every method here sets and reads: the gate's limiter, whose fronts acquire from it, or an
-        # injected one (the lab's SimPy front-end, whose owner admits the calls; ``limiter`` then stays unused).
-        self.limits: Limits = limiter if limiter is not None else self.limiter
+        # injected one (the lab's SimPy front-end, whose owner admits the calls). A runtime given its limits has
+        # no gate limiter (``limiter`` is not set): nothing of the gate runs on it, and a lab of 1,000 clients
+        # would build 1,000 unused ones.
+        self.limiter: ModelLimiter
+        if limiter is None:
+            from model_concurrency.gate.model_limiter import ModelLimiter
+
+            self.limiter = ModelLimiter(self.name, self.core.target, clock)
+            limiter = self.limiter
+        self.limits: Limits = limiter
         self.published: RuntimeState = self._state_locked()  # replaced after every poll
 
     # -- what callers read ---------------------------------------------------------------------------------
