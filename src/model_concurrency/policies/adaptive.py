@@ -510,7 +510,9 @@ class Adaptive:
             # bge-m3 of 64 sequences) says nothing about its sequence limit, and a jump lands 8x past it.
             jump = self._jump(target, estimate)
             step = min(jump, self.jump_max_factor * target)
-            if step > grown:
+            # Bisecting, the jump is also the most the ramp may take: a doubling (or the turnover's 2^k) past the
+            # geometric point would overshoot by more than the bisection promises.
+            if step > grown or (self.jump_geometric and step > target):
                 grown = step
                 if step >= jump:  # landed where the bound said: the next poll judges the jump
                     self.jump_to = min(grown, max(target, estimate.bound))
