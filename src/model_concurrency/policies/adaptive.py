@@ -531,7 +531,7 @@ class Adaptive:
             return target + self.jump_fraction * (bound - target)
         if not (target > 0 and bound > target):
             return target
-        return target * (bound / target) ** self.jump_fraction
+        return target * math.pow(bound / target, self.jump_fraction)
 
     def _bisecting(self, target: float, estimate: KvEstimate) -> bool:
         """With ``jump_geometric``, a jump that ran a poll without a queue is followed by another: the level it
@@ -541,10 +541,10 @@ class Adaptive:
         One arithmetic jump and then the probes was the rule before: a second half-way jump from a clean level
         overshot a limit lying between it and the bound for a whole poll (a 384-sequence ``ramp``: p99 queue 10.8x
         the oracle's). Geometric jumps land nearer, so ending the ramp after the first left the probes to climb
-        from far below (``fuzz-22-0044``: 2 -> 15, then +1, +2, +4 toward a knee of 684: 0.18 of the oracle)."""
+        from far below (``fuzz-22-0044``: 2 -> 15, then +1, +2, +4 toward a limit of 684: 0.18 of the oracle)."""
         if not self.jump_geometric or not target > 0:
             return False
-        return (estimate.bound / target) ** self.jump_fraction > self.jump_overshoot
+        return math.pow(estimate.bound / target, self.jump_fraction) > self.jump_overshoot
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
         """The first ramp: double, unless the last doubling bought too little (the pipe is full).
