@@ -164,6 +164,17 @@ class Adaptive:
         shared_fast_ramp: ask for the controller's fast first-ramp polls beside peers too, and grow there once our
             completions since the last growth add up to the window it set (default False; the
             ``adaptive-fast-ramp`` preset: a better worst case, a less fair split, docs/policies.md).
+        jump_geometric: the KV jump bisects in log space (default False; the ``adaptive-bisect`` preset): it lands at
+            ``T × (B / T) ** jump_fraction`` (the geometric mean of the target and the KV bound at 0.5) instead of
+            ``jump_fraction`` of the way, and a jump that ran a poll without a queue is followed by another from
+            there while one could still overshoot by more than ``jump_overshoot`` (``_bisecting``). The sequence
+            limit lies somewhere between a level that ran clean and the bound, and is not on the page; a jump to
+            ``x`` overshoots it by at most ``x / T``, and the geometric mean makes that worst case, ``sqrt(B / T)``,
+            the smallest (the arithmetic half-way point's is about ``B / 2T``). ``replica-lost``: 256 -> 829 on a
+            knee of 512 before, 194 -> 513 with it (docs/policies.md, "The first ramp's overshoot").
+        jump_overshoot: with ``jump_geometric``, the bisection stops (``W_max``, then the probes) once the next
+            jump could overshoot the sequence limit by no more than this factor, ``(B / T) ** jump_fraction <=
+            jump_overshoot`` (default 1.1, > 1: issue 22's "never more than 10 % past the knee").
     """
 
     slow_start_factor: float = 2.0
@@ -198,6 +209,8 @@ class Adaptive:
     one_step_pipeline: bool = True
     turnover_ramp: bool = True
     shared_fast_ramp: bool = False
+    jump_geometric: bool = False
+    jump_overshoot: float = 1.1
     ramp_calls: float = field(default=0.0, init=False)
     ramp_window: float = field(default=0.0, init=False)
     admission_hold: bool = True
@@ -259,6 +272,8 @@ class Adaptive:
             raise ValueError(f"full_step_running must be > 0, got {self.full_step_running}")
         if not 0 < self.fleet_decrease_factor < 1:
             raise ValueError(f"fleet_decrease_factor must be in (0, 1), got {self.fleet_decrease_factor}")
+        if not self.jump_overshoot > 1:
+            raise ValueError(f"jump_overshoot must be > 1, got {self.jump_overshoot}")
         if not self.one_step_queue >= 0:
             raise ValueError(f"one_step_queue must be >= 0, got {self.one_step_queue}")
         self.samples = deque(maxlen=self.window_polls)
@@ -482,7 +497,7 @@ class Adaptive:
         estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
         if estimate is None:
             return grown
-        if self.ramping and jumped is not None and target >= jumped - 1:
+        if self.ramping and jumped is not None and target >= jumped - 1 and not self._bisecting(target, estimate):
             # We still stand at the jump (within the controller's rounding) and it ran a poll without
             # saturating: a floor under the capacity. The rest is unknown (the sequence limit is not on the
             # page), so probe above it instead of doubling past it. A target moved since (a cut, the
@@ -493,13 +508,43 @@ class Adaptive:
         if self.ramping and self.kv_jump and own_share(obs) >= self.jump_share and not self.one_step:
             # Not on a one-step engine: a pooling model's sequence holds one block, so the KV bound (25,000 on a
             # bge-m3 of 64 sequences) says nothing about its sequence limit, and a jump lands 8x past it.
-            jump = target + self.jump_fraction * (estimate.bound - target)
+            jump = self._jump(target, estimate)
             step = min(jump, self.jump_max_factor * target)
-            if step > grown:
+            # Bisecting, the jump is also the most the ramp may take: a doubling (or the turnover's 2^k) past the
+            # geometric point would overshoot by more than the bisection promises.
+            if step > grown or (self.jump_geometric and step > target):
                 grown = step
                 if step >= jump:  # landed where the bound said: the next poll judges the jump
                     self.jump_to = min(grown, max(target, estimate.bound))
         return min(grown, max(target, estimate.bound))
+
+    def _jump(self, target: float, estimate: KvEstimate) -> float:
+        """Where the KV jump lands: ``jump_fraction`` of the way to the bound ``B``, or with ``jump_geometric`` that
+        fraction of the way in log space, ``T × (B / T) ** jump_fraction`` (never below ``T``).
+
+        The sequence limit lies anywhere between the level that ran clean and the bound, and shows only when it is
+        passed; a jump to ``x`` overshoots it by at most ``x / T``. The half-way point's worst case is about
+        ``B / 2T`` (``replica-lost``: 256 -> 829 on a knee of 512, ``fuzz-22-0032``: 24 -> 192 on 124); the
+        geometric mean's, ``sqrt(B / T)``, is the smallest any single landing point can promise."""
+        bound = estimate.bound
+        if not self.jump_geometric:
+            return target + self.jump_fraction * (bound - target)
+        if not (target > 0 and bound > target):
+            return target
+        return target * math.pow(bound / target, self.jump_fraction)
+
+    def _bisecting(self, target: float, estimate: KvEstimate) -> bool:
+        """With ``jump_geometric``, a jump that ran a poll without a queue is followed by another: the level it
+        reached is the new floor of the interval the limit lies in, and the next jump halves it again (in log
+        space). Only while that jump could overshoot by more than ``jump_overshoot``; then the probes take over.
+
+        One arithmetic jump and then the probes was the rule before: a second half-way jump from a clean level
+        overshot a limit lying between it and the bound for a whole poll (a 384-sequence ``ramp``: p99 queue 10.8x
+        the oracle's). Geometric jumps land nearer, so ending the ramp after the first left the probes to climb
+        from far below (``fuzz-22-0044``: 2 -> 15, then +1, +2, +4 toward a limit of 684: 0.18 of the oracle)."""
+        if not self.jump_geometric or not target > 0:
+            return False
+        return math.pow(estimate.bound / target, self.jump_fraction) > self.jump_overshoot
 
     def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
         """The first ramp: double, unless the last doubling bought too little (the pipe is full).
