@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first: a module may import modules of its own layer or below. Each entry is a module or a package prefix;
 # the longest matching prefix places a module. Everything not listed sits on top (the public surface, cli).
 LAYERS: list[tuple[str, ...]] = [
-    ("bundled", "knobs", "extras", "state", "decision", "health", "observation", "signals.saturation"),
+    ("_fork", "bundled", "knobs", "extras", "state", "decision", "health", "observation", "signals.saturation"),
     ("signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
     ("config", "policies", "page_hold", "signals", "engine"),
     ("controller", "guard", "gate.limiter", "gate.stats", "gate.outage", "gate.hold", "gate.outcome"),

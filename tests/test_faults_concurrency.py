@@ -306,3 +306,35 @@ def test_fork_while_a_parent_thread_holds_a_module_lock(lock_name: str, changing
         let_go.set()
         holder.join(10)
     assert code == CHILD_OK
+
+
+def test_a_forked_child_gets_fresh_module_locks_and_none_of_the_parents_exports_or_pools(
+    changing_server: FaultServer, tmp_path: Any
+) -> None:
+    # What each module's after-fork rule (model_concurrency._fork) promises, read in the child.
+    from model_concurrency import config, export
+    from model_concurrency import runtime as runtime_module
+    from model_concurrency.gate import pool, stats
+
+    assert map_concurrent_sync(range(10), lambda x: x, model="a") == list(range(10))  # a controller and a pool
+    where = export.start(str(tmp_path / "page.prom"))
+    modules = (config, export, runtime_module, pool, stats)
+    names = ("_lock", "_lock", "_registry_lock", "_pools_lock", "_lock")
+    parent_locks = [getattr(module, name) for module, name in zip(modules, names, strict=True)]
+    assert runtime_module._runtimes and pool._pools and export.started() == {where}
+
+    def child() -> int:
+        if export.started() or export._stops:
+            return 20
+        if runtime_module._runtimes or runtime_module._installed or pool._pools:
+            return 21
+        fresh = [getattr(module, name) for module, name in zip(modules, names, strict=True)]
+        if any(new is old or type(new) is not type(old) for new, old in zip(fresh, parent_locks, strict=True)):
+            return 22
+        return CHILD_OK
+
+    try:
+        assert fork_and_check(child) == CHILD_OK
+    finally:
+        export.stop(where)
+    assert export.started() == set() and runtime_module._runtimes  # the parent keeps its own

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.policies.base import Policy
 from model_concurrency.signals.scrape import check_metrics_url, has_control_characters, metrics_url_from_base
 
@@ -124,13 +125,8 @@ class ModelSpec:
 _lock = threading.RLock()
 
 
-def _after_fork_in_child() -> None:
-    # A parent thread may have held the registry lock at fork time; the child's copy would stay locked forever.
-    global _lock
-    _lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A parent thread may have held the registry lock at fork time; the child's copy would stay locked forever.
+reset_in_forked_child(globals(), "_lock", threading.RLock)
 _explicit: dict[str, ModelSpec] = {}
 _from_file: dict[str, ModelSpec] = {}
 _loaded_path: str | None = None

@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import REGISTRY, generate_latest, start_http_server
 
 from model_concurrency import knobs
+from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.knobs import setting
 
 __all__ = ["FILE_EVERY_S", "ensure_started", "parse_address", "start", "started", "stop"]
@@ -134,12 +135,5 @@ def _write_forever(path: Path, done: threading.Event) -> None:
             log.warning("cannot write metrics to %s: %s", path, exc)
 
 
-def _after_fork_in_child() -> None:
-    # A child inherits neither the parent's server thread nor its writer: it publishes only what it starts itself.
-    global _lock
-    _lock = threading.Lock()
-    _started.clear()
-    _stops.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A child inherits neither the parent's server thread nor its writer: it publishes only what it starts itself.
+reset_in_forked_child(globals(), "_lock", threading.Lock, _started, _stops)

@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from model_concurrency import config, export, telemetry
+from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.health import Health, HealthWatch, fallback_kind
@@ -845,12 +845,5 @@ def registered_limiters() -> dict[str, ModelLimiter]:
     return {name: runtime.limiter for name, runtime in registered_runtimes().items()}
 
 
-def _after_fork_in_child() -> None:
-    # A child must not inherit locks held by a parent's thread mid-poll, nor its poll state or poller threads.
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    _runtimes.clear()
-    _installed.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A child must not inherit locks held by a parent's thread mid-poll, nor its poll state or poller threads.
+reset_in_forked_child(globals(), "_registry_lock", threading.Lock, _runtimes, _installed)

@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    e = subparsers.add_parser(
-        "emulate",
+    e = _subcommand(
+        subparsers,
+        emulate,
         help="serve an emulated vLLM (OpenAI API + /metrics) from the engine model",
         description="Serve vLLM's OpenAI-compatible API (/v1/models, /v1/embeddings, /v1/completions, "
         "/v1/chat/completions) and its /metrics page from the SimPy engine model, so the live paths (run, watch, "
@@ -78,10 +80,10 @@ def register(subparsers: Any) -> None:
         default="info",
         help="uvicorn's log level: critical, error, warning, info (default: one line per request) or debug",
     )
-    e.set_defaults(func=emulate)
 
-    r = subparsers.add_parser(
-        "run",
+    r = _subcommand(
+        subparsers,
+        run,
         help="embed N synthetic inputs through map_concurrent with the adaptive target",
         description="Embed --items synthetic texts against a live OpenAI-compatible server (a vLLM, or "
         "`model-concurrency emulate`) through map_concurrent, with the controller sizing the fan-out from the "
@@ -99,10 +101,10 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT|PATH",
         help="publish the job's metrics there for `watch --job` (as MODEL_CONCURRENCY_EXPORT does)",
     )
-    r.set_defaults(func=run)
 
-    w = subparsers.add_parser(
-        "watch",
+    w = _subcommand(
+        subparsers,
+        watch,
         help="live table of every registered model's target and engine signals",
         description="With --job: show a running job's own target, in-flight calls, saturation and what limited "
         "its last decision, read from the page it publishes (MODEL_CONCURRENCY_EXPORT or run --export). Without: "
@@ -118,7 +120,16 @@ def register(subparsers: Any) -> None:
     w.add_argument("--config", help="models TOML to load (else MODEL_CONCURRENCY_CONFIG)")
     w.add_argument("--interval", type=float, help="refresh seconds (default: MODEL_CONCURRENCY_POLL_S)")
     w.add_argument("--once", action="store_true", help="print one table and exit")
-    w.set_defaults(func=watch)
+
+
+def _subcommand(
+    subparsers: Any, handler: Callable[[argparse.Namespace], int], *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """The subcommand named after its handler (``emulate``, ``run``, ``watch``), which it calls with the parsed
+    arguments."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(handler.__name__, help=help, description=description)
+    parser.set_defaults(func=handler)
+    return parser
 
 
 # ---------------------------------------------------------------------------------------------------- emulate

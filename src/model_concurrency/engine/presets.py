@@ -93,52 +93,31 @@ class EnginePreset:
 _LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 _LLAMA_8B_FRONTEND = FrontEndCost(fixed_ms=0.5, per_token_ms=0.001, latency_ms=5.6)
 
-LLAMA_8B_H100_80GB = EnginePreset(
-    name="llama-8b-h100-80gb",
-    model_name=_LLAMA_8B,
-    step=StepTimeModel(
-        a_ms=1.08,
-        b_ms_per_token=0.0214,
-        c_ms_per_context_token=4.396e-5,
-        d_ms_per_token_sq=4.418e-7,
-        memory_ms=5.387,
-        overlap_p=1.25,
-    ),
-    max_num_seqs=1024,
-    max_num_batched_tokens=8192,
-    num_gpu_blocks=27_900,
-    frontend=_LLAMA_8B_FRONTEND,
-)
 
-LLAMA_8B_A100_80GB = EnginePreset(
-    name="llama-8b-a100-80gb",
-    model_name=_LLAMA_8B,
-    step=StepTimeModel(
-        a_ms=1.08,
-        b_ms_per_token=0.0690,
-        c_ms_per_context_token=7.223e-5,
-        d_ms_per_token_sq=1.400e-6,
-        memory_ms=8.850,
-        overlap_p=1.5,
-    ),
-    max_num_seqs=256,
-    max_num_batched_tokens=2048,
-    num_gpu_blocks=27_900,
-    frontend=_LLAMA_8B_FRONTEND,
-)
+def _llama_8b(
+    name: str, memory_ms: float, b: float, p: float, c: float, d: float, seqs: int, tokens: int, blocks: int
+) -> EnginePreset:
+    """Llama-3.1-8B on one card: the overhead ``a`` and the front end are the model's, the rest the card's (``b``,
+    ``p``, ``c``, ``d`` as in the step-time formula above; ``seqs`` and ``tokens`` the scheduler limits)."""
+    return EnginePreset(
+        name=name,
+        model_name=_LLAMA_8B,
+        step=StepTimeModel(
+            a_ms=1.08, b_ms_per_token=b, c_ms_per_context_token=c, d_ms_per_token_sq=d, memory_ms=memory_ms, overlap_p=p
+        ),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        num_gpu_blocks=blocks,
+        frontend=_LLAMA_8B_FRONTEND,
+    )
 
-LLAMA_8B_A100_40GB = LLAMA_8B_A100_80GB.replace(
-    name="llama-8b-a100-40gb",
-    step=StepTimeModel(
-        a_ms=1.08,
-        b_ms_per_token=0.0690,
-        c_ms_per_context_token=9.471e-5,
-        d_ms_per_token_sq=1.400e-6,
-        memory_ms=11.604,
-        overlap_p=1.5,
-    ),
-    num_gpu_blocks=9_472,  # (36 GiB − 15 − 2.5) / 128 KiB / 16
-)
+
+# One row a card (the module docstring derives each number): name, M, b, p, c, d, then the scheduler limits and the
+# KV blocks; the A100-40GB's blocks are (36 GiB − 15 − 2.5) / 128 KiB / 16.
+#                              name                  M       b       p     c         d         seqs  tokens blocks
+LLAMA_8B_H100_80GB = _llama_8b("llama-8b-h100-80gb", 5.387, 0.0214, 1.25, 4.396e-5, 4.418e-7, 1024, 8192, 27_900)
+LLAMA_8B_A100_80GB = _llama_8b("llama-8b-a100-80gb", 8.850, 0.0690, 1.5, 7.223e-5, 1.400e-6, 256, 2048, 27_900)
+LLAMA_8B_A100_40GB = _llama_8b("llama-8b-a100-40gb", 11.604, 0.0690, 1.5, 9.471e-5, 1.400e-6, 256, 2048, 9_472)
 
 # The names before there was one preset per GPU: both meant 80 GB cards.
 LLAMA_8B_H100 = LLAMA_8B_H100_80GB

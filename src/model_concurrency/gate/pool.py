@@ -13,11 +13,11 @@ thread lives on. Threads are daemons: a pool never holds interpreter exit hostag
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 
+from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.config import THREAD_IDLE_S, setting
 
 __all__ = ["WorkerPool", "drop_pools", "pool_for"]
@@ -130,10 +130,5 @@ def drop_pools() -> None:
         _pools.clear()
 
 
-def _after_fork_in_child() -> None:
-    global _pools_lock
-    _pools_lock = threading.Lock()
-    _pools.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A child starts without the parent's pools: their threads did not come with it.
+reset_in_forked_child(globals(), "_pools_lock", threading.Lock, _pools)

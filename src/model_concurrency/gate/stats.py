@@ -8,9 +8,10 @@ under its own lock in threads) and merges into the model's record when it ends.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field, replace
+
+from model_concurrency._fork import reset_in_forked_child
 
 __all__ = ["GateStats", "gate_stats", "merge_stats", "reset_stats", "status_of"]
 
@@ -66,13 +67,9 @@ _books: dict[str, GateStats] = {}
 _lock = threading.Lock()
 
 
-def _after_fork_in_child() -> None:
-    # A parent thread may have held the lock at fork time; the child's copy would stay locked forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A parent thread may have held the lock at fork time; the child's copy would stay locked forever. The books are
+# not cleared.
+reset_in_forked_child(globals(), "_lock", threading.Lock)
 
 
 def merge_stats(key: str, tally: GateStats) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies.base import PolicyBase, require_fractions
@@ -161,6 +161,34 @@ class LlmdAIMD(PolicyBase):
         return min(self.max_window, max(self.min_window, window))
 
 
+class _StartThenEarn(Protocol):
+    """What batch-gateway's and Fireworks' AIMDs share (:func:`_begin`, :func:`_earn`); each dataclass declares
+    these fields with its own defaults and order."""
+
+    start: float
+    increase: float
+    _started: bool
+    _credit: float  # successes earned toward the next +increase
+
+
+def _begin(policy: _StartThenEarn, target: float) -> float:
+    """The first poll jumps to ``start``; later ones go on from the target."""
+    if policy._started:
+        return float(target)
+    policy._started = True
+    return policy.start
+
+
+def _earn(policy: _StartThenEarn, window: float, successes: int, cap: float = math.inf) -> float:
+    """Each window's worth of successes (the window = the limit) earns ``+increase``, below ``cap``; what is left
+    is carried to the next poll."""
+    policy._credit += successes
+    while policy._credit >= window and window < cap:
+        policy._credit -= window
+        window += policy.increase
+    return window
+
+
 @dataclass(slots=True)
 class BatchGatewayAIMD(PolicyBase):
     """llm-d-batch-gateway's AIMD (PR #394): start at 20, ×0.5 on a 429 or 5xx, +1 per full window of clean
@@ -178,7 +206,7 @@ class BatchGatewayAIMD(PolicyBase):
     decrease: float = 0.5
     increase: float = 1.0
     _started: bool = field(default=False, init=False, repr=False)
-    _clean: float = field(default=0.0, init=False, repr=False)
+    _credit: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         require_fractions(self, "decrease")
@@ -186,20 +214,14 @@ class BatchGatewayAIMD(PolicyBase):
             raise ValueError("need 1 <= minimum <= start <= maximum")
 
     def next_target(self, target: float, obs: Observation) -> float:
-        limit = float(target)
-        if not self._started:
-            self._started = True
-            limit = self.start
+        limit = _begin(self, target)
         rejections = _overload_errors(obs)
         if rejections:
-            self._clean = 0.0
+            self._credit = 0.0
             return max(self.minimum, limit * self.decrease**rejections)
-        self._clean += _successes(obs)
-        while self._clean >= limit and limit < self.maximum:
-            self._clean -= limit
-            limit += self.increase
+        limit = _earn(self, limit, _successes(obs), self.maximum)
         if limit >= self.maximum:  # at the cap a clean run earns nothing to spend later
-            self._clean = 0.0
+            self._credit = 0.0
         return min(self.maximum, max(self.minimum, limit))
 
 
@@ -219,7 +241,7 @@ class QueueTimeAIMD(PolicyBase):
     increase: float = 1.0
     decrease: float = 0.75
     _started: bool = field(default=False, init=False, repr=False)
-    _done: float = field(default=0.0, init=False, repr=False)
+    _credit: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         require_fractions(self, "decrease")
@@ -227,16 +249,9 @@ class QueueTimeAIMD(PolicyBase):
             raise ValueError("target_s must be > 0 and start >= 1")
 
     def next_target(self, target: float, obs: Observation) -> float:
-        window = float(target)
-        if not self._started:
-            self._started = True
-            window = self.start
+        window = _begin(self, target)
         queue = obs.queue_time_mean_s
         if queue is not None and queue > self.target_s:
-            self._done = 0.0
+            self._credit = 0.0
             return window * self.decrease
-        self._done += _successes(obs)
-        while self._done >= window:
-            self._done -= window
-            window += self.increase
-        return window
+        return _earn(self, window, _successes(obs))
