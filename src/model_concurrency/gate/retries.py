@@ -32,6 +32,11 @@ class RetryPolicy:
     max_s: float = 30.0
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        count = self.retries
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"retries must be an int >= 0 (attempts after the first; idempotent calls), got {count!r}")
+
     def delay(self, exc: BaseException | None, attempt: int) -> float | None:
         """Seconds to wait before attempt ``attempt + 1`` after ``exc`` (attempt 0 is the first call), or None:
         the failure stands."""
@@ -47,10 +52,7 @@ class RetryPolicy:
 def retry_policy(retries: int | RetryPolicy) -> RetryPolicy | None:
     """The policy for ``retries=`` (None for 0): a count, or a :class:`RetryPolicy` of the caller's own (its
     backoff, or a seeded ``rng`` so a run on virtual time repeats exactly); ``ValueError`` for anything else."""
-    if isinstance(retries, RetryPolicy):
-        if isinstance(retries.retries, bool) or not isinstance(retries.retries, int) or retries.retries < 0:
-            raise ValueError(f"RetryPolicy.retries must be an int >= 0, got {retries.retries!r}")
+    if isinstance(retries, RetryPolicy):  # checked when it was built
         return retries if retries.retries else None
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an int >= 0 (attempts after the first; idempotent calls), got {retries!r}")
-    return RetryPolicy(retries) if retries else None
+    policy = RetryPolicy(retries)  # the count is checked there
+    return policy if retries else None
