@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import simpy
 
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import _DECODE, _FINISHED, _PREFILL, ABORT, Request
 from model_concurrency.engine.stats import FOLD_EVERY, EngineStats
 
 __all__ = ["Bookkeeping", "OwningServer", "Signals"]
@@ -46,12 +46,6 @@ class OwningServer(Protocol):
     aborted: int
     on_request_finished: Callable[[Request], None] | None
     _signals: Signals | None
-
-
-_WAITING = RequestState.WAITING
-_PREFILL = RequestState.PREFILL
-_DECODE = RequestState.DECODE
-_FINISHED = RequestState.FINISHED
 
 
 def priority_key(r: Request) -> tuple[int, float]:

@@ -21,7 +21,16 @@ from simpy.events import Event, Timeout
 
 from model_concurrency.engine.bookkeeping import Signals
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import (
+    _DECODE,
+    _FINISHED,
+    _FRONTEND,
+    _NEW,
+    _PREFILL,
+    _WAITING,
+    ABORT,
+    Request,
+)
 from model_concurrency.engine.scheduler import Scheduler
 from model_concurrency.engine.stats import REQUEST_LATENCY_BUCKETS, EngineStats
 from model_concurrency.observation import Buckets, EngineSnapshot
@@ -36,12 +45,6 @@ __all__ = [
     "snapshot_of",
 ]
 
-_NEW = RequestState.NEW
-_FRONTEND = RequestState.FRONTEND
-_WAITING = RequestState.WAITING
-_PREFILL = RequestState.PREFILL
-_DECODE = RequestState.DECODE
-_FINISHED = RequestState.FINISHED
 # The queue-time histogram's bounds as a page prints them (``le``), +Inf last.
 _QUEUE_BOUNDS = (*REQUEST_LATENCY_BUCKETS, float("inf"))
 

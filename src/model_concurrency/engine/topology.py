@@ -37,7 +37,7 @@ from model_concurrency.engine.engine import (
 )
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import _FRONTEND, ABORT, Request, RequestState
 from model_concurrency.observation import Buckets, EngineSnapshot
 
 __all__ = ["Fleet", "Server", "combine_snapshots"]
@@ -45,7 +45,6 @@ __all__ = ["Fleet", "Server", "combine_snapshots"]
 Router = Literal["least_loaded", "round_robin"]
 # The fleet's balancer key, in C: it picks a replica for every request.
 _INFLIGHT = attrgetter("inflight")
-_FRONTEND = RequestState.FRONTEND
 
 
 def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
