@@ -26,12 +26,24 @@ from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.engine.request import _DECODE, _FINISHED, _PREFILL, ABORT, Request
 from model_concurrency.engine.stats import FOLD_EVERY, EngineStats
 
-__all__ = ["Bookkeeping", "OwningServer", "Signals"]
+__all__ = ["SIGNAL_FIELDS", "Bookkeeping", "OwningServer", "Signals"]
 
 # What a snapshot reads, as a plain tuple (an EngineSnapshot costs ~3 µs to build; a fleet's polls read 64 engines
-# 80 times a second): running, waiting, KV usage, KV blocks, KV tokens, preemptions, successes, generated tokens,
-# queue-time sum and count; counters as floats, exactly the values EngineSnapshot carries.
+# 80 times a second): the EngineSnapshot fields named in SIGNAL_FIELDS, in that order; counters as floats, exactly
+# the values EngineSnapshot carries.
 Signals = tuple[float, float, float, int, int, float, float, float, float, float]
+SIGNAL_FIELDS = (
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "kv_num_blocks",
+    "kv_tokens",
+    "preemptions_total",
+    "success_total",
+    "generation_tokens_total",
+    "queue_time_sum_total",
+    "queue_time_count_total",
+)
 
 
 class OwningServer(Protocol):
