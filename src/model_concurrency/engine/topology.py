@@ -212,7 +212,7 @@ class Server:
         self._signals = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
         for engine in self.engines:
             engine.set_down()
@@ -266,7 +266,7 @@ class Server:
         """Cancel a request wherever it is (front-end or engine)."""
         if request in self._in_frontend:
             del self._in_frontend[request]
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
             return True
         engine = request.engine
@@ -288,7 +288,7 @@ class Server:
         self.submitted += 1
         self.inflight += 1
         if not self.up:
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, now)
             return
         if self._frontend_free:
@@ -341,12 +341,15 @@ class Server:
                 return
         live = [e for e in engines if e.up]
         if not live:
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
             return
         live[0 if len(live) == 1 else next(self._rr) % len(live)].enqueue(request)
 
-    def _count_finish(self, request: Request, *, ok: bool) -> None:
+    def count_finish(self, request: Request, ok: bool) -> None:
+        """Settle one request's end in this server's books: in flight -1, completed (``ok``) or aborted +1, then the
+        server's hook. Each engine core calls it at each finish (:class:`OwningServer`), the server itself for a
+        request no engine holds."""
         self.inflight -= 1
         if ok:
             self.completed += 1
