@@ -115,9 +115,9 @@ def add_counts(histograms: list[list[int]]) -> list[int]:
 def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
     """:func:`combine_snapshots` of snapshots that report every signal (the engine model's), in one pass.
 
-    Every poll of a fleet's client combines its replicas' pages; :func:`combine_signals` adds each field in the same
-    order from 0.0 as the general path, so the sums are the same bits. None if some snapshot lacks a signal (the
-    general path then skips the missing ones)."""
+    Their :data:`Signals` are summed by :func:`combine_signals`, the rule a fleet's own snapshot sums its servers'
+    with: each field added in the same order from 0.0 as the general path, so the sums are the same bits. None if
+    some snapshot lacks a signal (the general path then skips the missing ones)."""
     signals: list[Signals] = []
     waits: list[Buckets] = []
     waiting_capacity = 0.0
