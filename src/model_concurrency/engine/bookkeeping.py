@@ -23,35 +23,40 @@ from typing import Any, Protocol
 import simpy
 
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import _DECODE, _FINISHED, _PREFILL, ABORT, Request
 from model_concurrency.engine.stats import FOLD_EVERY, EngineStats
 
-__all__ = ["Bookkeeping", "OwningServer", "Signals"]
+__all__ = ["SIGNAL_FIELDS", "Bookkeeping", "OwningServer", "Signals"]
 
 # What a snapshot reads, as a plain tuple (an EngineSnapshot costs ~3 µs to build; a fleet's polls read 64 engines
-# 80 times a second): running, waiting, KV usage, KV blocks, KV tokens, preemptions, successes, generated tokens,
-# queue-time sum and count; counters as floats, exactly the values EngineSnapshot carries.
+# 80 times a second): the EngineSnapshot fields named in SIGNAL_FIELDS, in that order; counters as floats, exactly
+# the values EngineSnapshot carries.
 Signals = tuple[float, float, float, int, int, float, float, float, float, float]
+SIGNAL_FIELDS = (
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "kv_num_blocks",
+    "kv_tokens",
+    "preemptions_total",
+    "success_total",
+    "generation_tokens_total",
+    "queue_time_sum_total",
+    "queue_time_count_total",
+)
 
 
 class OwningServer(Protocol):
     """What an engine core settles at each finish in the server that owns it (``topology.Server`` is one).
 
-    The engine writes these directly rather than through one callback per request (that call was measurable in a
-    1,000-client run); declaring them here keeps the engine below the topology that owns it, with no import up.
+    The engine settles the server's books (in flight, completed or aborted, the server's hook) through one call per
+    finish, the same the server makes for a request no engine holds; declaring it here keeps the engine below the
+    topology that owns it, with no import up.
     """
 
-    inflight: int
-    completed: int
-    aborted: int
-    on_request_finished: Callable[[Request], None] | None
+    def count_finish(self, request: Request, ok: bool) -> None: ...
+
     _signals: Signals | None
-
-
-_WAITING = RequestState.WAITING
-_PREFILL = RequestState.PREFILL
-_DECODE = RequestState.DECODE
-_FINISHED = RequestState.FINISHED
 
 
 def priority_key(r: Request) -> tuple[int, float]:
@@ -248,14 +253,7 @@ class Bookkeeping:
             stats.fold()
         server = self.server
         if server is not None:
-            server.inflight -= 1
-            if reason != ABORT:
-                server.completed += 1
-            else:
-                server.aborted += 1
-            hook = server.on_request_finished
-            if hook is not None:
-                hook(r)
+            server.count_finish(r, reason != ABORT)
         hook = self.on_request_finished
         if hook is not None:
             hook(r)

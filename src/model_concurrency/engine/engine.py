@@ -19,9 +19,18 @@ from typing import Any
 import simpy
 from simpy.events import Event, Timeout
 
-from model_concurrency.engine.bookkeeping import Signals
+from model_concurrency.engine.bookkeeping import SIGNAL_FIELDS, Signals
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import (
+    _DECODE,
+    _FINISHED,
+    _FRONTEND,
+    _NEW,
+    _PREFILL,
+    _WAITING,
+    ABORT,
+    Request,
+)
 from model_concurrency.engine.scheduler import Scheduler
 from model_concurrency.engine.stats import REQUEST_LATENCY_BUCKETS, EngineStats
 from model_concurrency.observation import Buckets, EngineSnapshot
@@ -36,12 +45,6 @@ __all__ = [
     "snapshot_of",
 ]
 
-_NEW = RequestState.NEW
-_FRONTEND = RequestState.FRONTEND
-_WAITING = RequestState.WAITING
-_PREFILL = RequestState.PREFILL
-_DECODE = RequestState.DECODE
-_FINISHED = RequestState.FINISHED
 # The queue-time histogram's bounds as a page prints them (``le``), +Inf last.
 _QUEUE_BOUNDS = (*REQUEST_LATENCY_BUCKETS, float("inf"))
 
@@ -53,21 +56,10 @@ def snapshot_of(
 
     An engine's waiting requests all wait for capacity; a sum of pages says how many of its own did
     (``waiting_capacity``)."""
-    running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count = signals
-    return EngineSnapshot(
-        running=running,
-        waiting=waiting,
-        waiting_capacity=waiting if waiting_capacity is None else waiting_capacity,
-        kv_cache_usage=kv_usage,
-        kv_num_blocks=blocks,
-        kv_tokens=tokens,
-        preemptions_total=preemptions,
-        success_total=success,
-        generation_tokens_total=generated,
-        queue_time_sum_total=queue_sum,
-        queue_time_count_total=queue_count,
-        queue_time_buckets=waits,
-    )
+    fields: dict[str, Any] = dict(zip(SIGNAL_FIELDS, signals, strict=True))
+    if waiting_capacity is None:
+        waiting_capacity = fields["waiting"]
+    return EngineSnapshot(**fields, waiting_capacity=waiting_capacity, queue_time_buckets=waits)
 
 
 def queue_buckets(engines: Iterable[Engine]) -> Buckets:

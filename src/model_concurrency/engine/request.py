@@ -36,7 +36,14 @@ class RequestState:
     FINISHED = 5
 
 
+# The states as module globals for the engine's hot loops (a global read, not a class attribute's, on every
+# comparison); engine, bookkeeping, scheduler and topology import them from here.
 _NEW = RequestState.NEW
+_FRONTEND = RequestState.FRONTEND
+_WAITING = RequestState.WAITING
+_PREFILL = RequestState.PREFILL
+_DECODE = RequestState.DECODE
+_FINISHED = RequestState.FINISHED
 
 
 class Request:

@@ -28,13 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from model_concurrency.engine.bookkeeping import Bookkeeping, priority_key
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import _DECODE, _PREFILL, _WAITING, ABORT, Request
 
 __all__ = ["Scheduler"]
-
-_WAITING = RequestState.WAITING
-_PREFILL = RequestState.PREFILL
-_DECODE = RequestState.DECODE
 
 
 def _admission_order(request: Request) -> int:

@@ -26,7 +26,7 @@ import simpy
 from prometheus_client import generate_latest
 from simpy.events import Timeout
 
-from model_concurrency.engine.bookkeeping import Signals
+from model_concurrency.engine.bookkeeping import SIGNAL_FIELDS, Signals
 from model_concurrency.engine.engine import (
     Engine,
     EngineDownError,
@@ -37,7 +37,7 @@ from model_concurrency.engine.engine import (
 )
 from model_concurrency.engine.metrics import make_registry
 from model_concurrency.engine.presets import EnginePreset
-from model_concurrency.engine.request import ABORT, Request, RequestState
+from model_concurrency.engine.request import _FRONTEND, ABORT, Request, RequestState
 from model_concurrency.observation import Buckets, EngineSnapshot
 
 __all__ = ["Fleet", "Server", "combine_snapshots"]
@@ -45,7 +45,8 @@ __all__ = ["Fleet", "Server", "combine_snapshots"]
 Router = Literal["least_loaded", "round_robin"]
 # The fleet's balancer key, in C: it picks a replica for every request.
 _INFLIGHT = attrgetter("inflight")
-_FRONTEND = RequestState.FRONTEND
+# A snapshot's values as a :data:`Signals` tuple, in C.
+_SIGNALS_OF = attrgetter(*SIGNAL_FIELDS)
 
 
 def combine_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
@@ -114,56 +115,22 @@ def add_counts(histograms: list[list[int]]) -> list[int]:
 def _combine_complete(items: list[EngineSnapshot]) -> EngineSnapshot | None:
     """:func:`combine_snapshots` of snapshots that report every signal (the engine model's), in one pass.
 
-    Every poll of a fleet's client combines its replicas' pages; this adds each field in the same order from 0.0
-    as the general path, so the sums are the same bits. None if some snapshot lacks a signal (the general path
-    then skips the missing ones)."""
-    running = waiting = waiting_capacity = preemptions = success = generated = queue_sum = queue_count = 0.0
-    kv_usage: float | None = None
-    blocks = tokens = 0
+    Their :data:`Signals` are summed by :func:`combine_signals`, the rule a fleet's own snapshot sums its servers'
+    with: each field added in the same order from 0.0 as the general path, so the sums are the same bits. None if
+    some snapshot lacks a signal (the general path then skips the missing ones)."""
+    signals: list[Signals] = []
     waits: list[Buckets] = []
+    waiting_capacity = 0.0
     for s in items:
-        kv = s.kv_cache_usage
-        s_blocks = s.kv_num_blocks
-        s_tokens = s.kv_tokens
-        s_capacity = s.waiting_capacity
-        s_preemptions = s.preemptions_total
-        s_success = s.success_total
-        s_generated = s.generation_tokens_total
-        s_queue_sum = s.queue_time_sum_total
-        s_queue_count = s.queue_time_count_total
-        if s.queue_time_buckets is None:
+        values = _SIGNALS_OF(s)
+        capacity = s.waiting_capacity
+        buckets = s.queue_time_buckets
+        if buckets is None or capacity is None or None in values:
             return None
-        waits.append(s.queue_time_buckets)
-        if (
-            kv is None
-            or s_blocks is None
-            or s_tokens is None
-            or s_capacity is None
-            or s_preemptions is None
-            or s_success is None
-            or s_generated is None
-            or s_queue_sum is None
-            or s_queue_count is None
-            or s.running is None
-            or s.waiting is None
-        ):
-            return None
-        running += s.running
-        waiting += s.waiting
-        waiting_capacity += s_capacity
-        preemptions += s_preemptions
-        success += s_success
-        generated += s_generated
-        queue_sum += s_queue_sum
-        queue_count += s_queue_count
-        if kv_usage is None or kv > kv_usage:
-            kv_usage = kv  # max() keeps the first of equals; so does a strict >
-        blocks += s_blocks
-        tokens += s_tokens
-    if kv_usage is None:
-        return None  # no snapshots
-    summed = (running, waiting, kv_usage, blocks, tokens, preemptions, success, generated, queue_sum, queue_count)
-    return snapshot_of(summed, add_buckets(waits), waiting_capacity=waiting_capacity)
+        signals.append(values)
+        waits.append(buckets)
+        waiting_capacity += capacity
+    return snapshot_of(combine_signals(signals), add_buckets(waits), waiting_capacity=waiting_capacity)
 
 
 def _abort_outside(request: Request, now: float) -> None:
@@ -245,7 +212,7 @@ class Server:
         self._signals = None
         for request in list(self._in_frontend):
             del self._in_frontend[request]
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
         for engine in self.engines:
             engine.set_down()
@@ -299,7 +266,7 @@ class Server:
         """Cancel a request wherever it is (front-end or engine)."""
         if request in self._in_frontend:
             del self._in_frontend[request]
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
             return True
         engine = request.engine
@@ -321,7 +288,7 @@ class Server:
         self.submitted += 1
         self.inflight += 1
         if not self.up:
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, now)
             return
         if self._frontend_free:
@@ -374,12 +341,15 @@ class Server:
                 return
         live = [e for e in engines if e.up]
         if not live:
-            self._count_finish(request, ok=False)
+            self.count_finish(request, False)
             _abort_outside(request, self.env.now)
             return
         live[0 if len(live) == 1 else next(self._rr) % len(live)].enqueue(request)
 
-    def _count_finish(self, request: Request, *, ok: bool) -> None:
+    def count_finish(self, request: Request, ok: bool) -> None:
+        """Settle one request's end in this server's books: in flight -1, completed (``ok``) or aborted +1, then the
+        server's hook. Each engine core calls it at each finish (:class:`OwningServer`), the server itself for a
+        request no engine holds."""
         self.inflight -= 1
         if ok:
             self.completed += 1

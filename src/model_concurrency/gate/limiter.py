@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["LimiterCore", "Usage", "UsageMeter"]
+__all__ = ["CoreReadings", "LimiterCore", "Usage", "UsageMeter"]
 
 W = TypeVar("W")
 
@@ -176,6 +176,38 @@ class LimiterCore(Generic[W]):
             f"LimiterCore(limit={self._limit}, budget={self._budget}, inflight={self.inflight}, units={self.units}, "
             f"waiting={len(self._waiters)})"
         )
+
+
+class CoreReadings(Generic[W]):
+    """A front-end's readings of its :class:`LimiterCore` (``_core``), passed through as they are.
+
+    Shared by every front-end (the gate's ``ModelLimiter``, the lab's ``SimLimits``): each value is one attribute
+    read, which needs no lock."""
+
+    __slots__ = ()
+
+    _core: LimiterCore[W]
+
+    @property
+    def limit(self) -> int:
+        return self._core.limit
+
+    @property
+    def budget(self) -> int | None:
+        """The token budget in force (None: not enforced, the default and the fail-safe)."""
+        return self._core.budget
+
+    @property
+    def waiting(self) -> int:
+        return self._core.waiting
+
+    def units(self) -> int:
+        """Tokens held now by weighted calls (unweighted calls hold none)."""
+        return self._core.units
+
+    def inflight(self) -> int:
+        """Slots held now (what the controller reports to the policy as this process's in-flight)."""
+        return self._core.inflight
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from model_concurrency.gate.hold import AdmissionHold
-from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
+from model_concurrency.gate.limiter import CoreReadings, LimiterCore, Usage, UsageMeter
 from model_concurrency.gate.outcome import CutOncePerFlight
 
 __all__ = ["HOLDING", "ModelLimiter", "ThreadWaiter"]
@@ -85,8 +85,9 @@ class ThreadWaiter:
         return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
 
 
-class ModelLimiter:
-    """A model's resizable limit and in-flight count, safe across threads and event loops."""
+class ModelLimiter(CoreReadings[_Waiter]):
+    """A model's resizable limit and in-flight count, safe across threads and event loops (its readings:
+    :class:`~model_concurrency.gate.limiter.CoreReadings`)."""
 
     __slots__ = ("_clock", "_core", "_lock", "_meter", "flights", "hold", "name")
 
@@ -117,27 +118,6 @@ class ModelLimiter:
         """The interval since the previous call (the poll step's view of this process's use)."""
         with self._lock:
             return self._meter.take(self._clock())
-
-    @property
-    def limit(self) -> int:
-        return self._core.limit
-
-    @property
-    def budget(self) -> int | None:
-        """The token budget in force (None: not enforced, the default and the fail-safe)."""
-        return self._core.budget
-
-    @property
-    def waiting(self) -> int:
-        return self._core.waiting
-
-    def units(self) -> int:
-        """Tokens held now by weighted calls (unweighted calls hold none)."""
-        return self._core.units
-
-    def inflight(self) -> int:
-        """Slots held now (what the controller reports to the policy as this process's in-flight)."""
-        return self._core.inflight
 
     def _wake(self, granted: list[_Waiter]) -> None:
         for waiter in granted:

@@ -44,7 +44,7 @@ from model_concurrency.controller import check_poll_jitter
 from model_concurrency.engine.engine import RequestTooLargeError
 from model_concurrency.engine.request import ABORT, Request
 from model_concurrency.gate.hold import AdmissionHold
-from model_concurrency.gate.limiter import LimiterCore, Usage, UsageMeter
+from model_concurrency.gate.limiter import CoreReadings, LimiterCore, Usage, UsageMeter
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import ModelRuntime, RuntimeSettings
@@ -145,45 +145,41 @@ class ScheduledLimit:
         return sorted({at for at, _ in self.schedule} | {at for at, _ in self.budgets})
 
 
-class SimLimits:
+class SimLimits(CoreReadings[simpy.Event]):
     """The limiter's SimPy front-end, the runtime's :class:`~model_concurrency.runtime.Limits` on ``env.now``.
 
     A waiter is a SimPy event: those the core hands back are succeeded, and every change of the count is noted in
     the usage meter (even one that admits nobody: the same notes, so the same interval figures, as before the
-    client was a runtime). The hot path (acquire, release) uses :attr:`core` and :attr:`meter` directly."""
+    client was a runtime). Its readings are :class:`~model_concurrency.gate.limiter.CoreReadings`; the client's
+    hot path (acquire, release) works :attr:`core` and :attr:`meter` directly."""
 
-    __slots__ = ("core", "env", "hold", "meter")
+    __slots__ = ("_core", "env", "hold", "meter")
 
     def __init__(self, env: simpy.Environment, limit: int, budget: int | None, hold: AdmissionHold) -> None:
         self.env = env
-        self.core: LimiterCore[simpy.Event] = LimiterCore(limit, budget)
+        self._core: LimiterCore[simpy.Event] = LimiterCore(limit, budget)
         self.meter = UsageMeter(env.now)
         self.hold = hold
 
     @property
-    def limit(self) -> int:
-        return self.core.limit
-
-    def inflight(self) -> int:
-        return self.core.inflight
-
-    def units(self) -> int:
-        return self.core.units
+    def core(self) -> LimiterCore[simpy.Event]:
+        """The core itself, for the client's hot path (acquire, release), which works it directly."""
+        return self._core
 
     def take_usage(self) -> Usage:
         return self.meter.take(self.env.now)
 
     def wake(self, granted: list[simpy.Event]) -> None:
-        core = self.core
+        core = self._core
         self.meter.note(core.inflight, self.env.now, core.units)
         for event in granted:
             event.succeed()
 
     def resize(self, limit: int) -> None:
-        self.wake(self.core.resize(limit))
+        self.wake(self._core.resize(limit))
 
     def set_budget(self, budget: int | None) -> None:
-        self.wake(self.core.set_budget(budget))
+        self.wake(self._core.set_budget(budget))
 
 
 class SimClient:

@@ -23,44 +23,34 @@ from dataclasses import dataclass, field
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import IdleClock, app_limited
 from model_concurrency.policies.aimd import AIMD
-from model_concurrency.policies.base import PolicyBase
 
 __all__ = ["AIMDSlowStart"]
 
 
 @dataclass(slots=True)
-class AIMDSlowStart(PolicyBase):
+class AIMDSlowStart(AIMD):
     """Slow start (×``slow_start_factor`` a poll) until the first saturation, then :class:`AIMD`.
 
     Parameters:
         slow_start_factor: growth factor per near-full poll during slow start (default 2, > 1).
         idle_s: seconds of ``inflight == 0`` (by ``obs.time``) after which slow start is entered again
             (default 120; ``inf`` never re-enters).
-        increase_fraction, increase_min, decrease_factor, near_full: the AIMD phase, as in :class:`AIMD`;
-            ``increase_min`` is also the smallest slow-start step and ``near_full`` gates both phases.
+        increase_fraction, increase_min, decrease_factor, near_full: the AIMD phase, inherited from
+            :class:`AIMD` (its defaults and checks); ``increase_min`` is also the smallest slow-start step and
+            ``near_full`` gates both phases.
     """
 
     slow_start_factor: float = 2.0
     idle_s: float = 120.0
-    increase_fraction: float = 0.25
-    increase_min: float = 1.0
-    decrease_factor: float = 0.8
-    near_full: float = 0.8
     in_slow_start: bool = field(default=True, init=False)
     idle: IdleClock = field(default_factory=IdleClock, init=False)
-    _aimd: AIMD = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        AIMD.__post_init__(self)  # not super(): a slots dataclass is a new class, which zero-argument super() misses
         if not self.slow_start_factor > 1:
             raise ValueError(f"slow_start_factor must be > 1, got {self.slow_start_factor}")
         if not self.idle_s >= 0:
             raise ValueError(f"idle_s must be >= 0, got {self.idle_s}")
-        self._aimd = AIMD(
-            increase_fraction=self.increase_fraction,
-            increase_min=self.increase_min,
-            decrease_factor=self.decrease_factor,
-            near_full=self.near_full,
-        )
 
     def _track_idle(self, obs: Observation) -> None:
         if self.idle.idle_past(obs, self.idle_s):
@@ -70,9 +60,9 @@ class AIMDSlowStart(PolicyBase):
         self._track_idle(obs)
         if obs.waiting_capacity > 0:
             self.in_slow_start = False
-            return self._aimd.next_target(target, obs)
+            return AIMD.next_target(self, target, obs)
         if self.in_slow_start:
             if not app_limited(obs, target, self.near_full):
                 return max(target * self.slow_start_factor, target + self.increase_min)
             return target
-        return self._aimd.next_target(target, obs)
+        return AIMD.next_target(self, target, obs)
