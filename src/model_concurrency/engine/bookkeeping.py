@@ -157,6 +157,7 @@ class Bookkeeping:
         tick = self.tick = self.tick + 1
         stats = self._stats
         finish = self._finish
+        bs = self.block_size
         n = self._sched_decodes
         if n:
             stats.generation_tokens += n
@@ -166,7 +167,6 @@ class Bookkeeping:
             itl.count += n
         finishing = self._finish_at.pop(tick, None)
         if finishing:
-            bs = self.block_size
             phases = self._phases
             running = self.running
             freed = 0
@@ -192,7 +192,6 @@ class Bookkeeping:
             prefilling = self.prefilling
             phases = self._phases
             finish_at = self._finish_at
-            bs = self.block_size
             joined = 0
             offsets = 0
             for r in sched:

@@ -65,7 +65,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from model_concurrency.bundled import bundled_dir
 
@@ -90,6 +90,9 @@ ACTIONS = frozenset(
 # Events that change what the engine can serve: the oracle re-sweeps its knee after each one.
 CAPACITY_ACTIONS = frozenset({"add_engines", "remove_engines", "replica_down", "replica_up", "background"})
 
+_T = TypeVar("_T")
+_LOW = "at_least"  # a field's metadata key: (the bound, whether the bound itself is excluded)
+
 
 def _toml(value: Any) -> str:
     """A value as it would be written in the TOML file, so an error quotes what the user typed."""
@@ -107,58 +110,71 @@ def _at_least(where: str, key: str, value: float | None, low: float, *, strict: 
         raise ValueError(f"{where}{key} = {_toml(value)}: must be {'>' if strict else '>='} {low:g}")
 
 
+def _ge(default: _T, low: float) -> _T:
+    """A field whose value must be ``>= low`` (None: absent, passes). The bound stands beside the field it limits,
+    and :func:`_check_bounds` checks every bounded field of a table in one loop."""
+    return field(default=default, metadata={_LOW: (low, False)})
+
+
+def _gt(default: _T, low: float) -> _T:
+    """A field whose value must be ``> low`` (None: absent, passes)."""
+    return field(default=default, metadata={_LOW: (low, True)})
+
+
+def _check_bounds(table: Any, where: str) -> None:
+    """Each field of ``table`` declared with :func:`_ge` or :func:`_gt` within its bound, in field order, or a
+    ValueError that quotes the key as the TOML file spells it (``where`` is the table's prefix)."""
+    for f in dataclasses.fields(table):
+        if _LOW in f.metadata:
+            low, strict = f.metadata[_LOW]
+            _at_least(where, f.name, getattr(table, f.name), low, strict=strict)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fleet:
     preset: str = "llama-8b-h100"
-    engines: int = 1
-    replicas: int = 1
+    engines: int = _ge(1, 1)
+    replicas: int = _ge(1, 1)
     balancer: str = "least-loaded"
     engine: dict[str, Any] = field(default_factory=dict)
     frontend: dict[str, Any] = field(default_factory=dict)  # overrides of the preset's API-server cost
 
     def __post_init__(self) -> None:
-        _at_least("fleet.", "engines", self.engines, 1)
-        _at_least("fleet.", "replicas", self.replicas, 1)
+        _check_bounds(self, "fleet.")
         if self.balancer not in ("least-loaded", "round-robin"):
             raise ValueError(f'fleet.balancer = {_toml(self.balancer)}: must be "least-loaded" or "round-robin"')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
-    prompt_tokens: int = 512
-    output_tokens: int = 128
-    prompt_sigma: float = 0.0
-    output_sigma: float = 0.0
+    prompt_tokens: int = _ge(512, 1)
+    output_tokens: int = _ge(128, 0)
+    prompt_sigma: float = _ge(0.0, 0)
+    output_sigma: float = _ge(0.0, 0)
     embedding: bool = False
     # A heavy tail (heavy-tail.toml): this share of items is long, in runs of long_burst consecutive items.
-    long_fraction: float = 0.0
+    long_fraction: float = _ge(0.0, 0)
     long_prompt_tokens: int = 0
-    long_output_tokens: int = 0
-    long_burst: int = 1
+    long_output_tokens: int = _ge(0, 0)
+    long_burst: int = _ge(1, 1)
 
     def __post_init__(self) -> None:
-        _at_least("workload.", "long_fraction", self.long_fraction, 0)
         if self.long_fraction > 1:
             raise ValueError(f"workload.long_fraction = {self.long_fraction}: must be in [0, 1]")
-        if self.long_fraction > 0:
+        if self.long_fraction > 0:  # the long items' sizes are read only when there are long items
             _at_least("workload.", "long_prompt_tokens", self.long_prompt_tokens, 1)
             _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0 if self.embedding else 1)
-        _at_least("workload.", "long_output_tokens", self.long_output_tokens, 0)
-        _at_least("workload.", "long_burst", self.long_burst, 1)
-        _at_least("workload.", "prompt_tokens", self.prompt_tokens, 1)
-        _at_least("workload.", "output_tokens", self.output_tokens, 0)
-        _at_least("workload.", "prompt_sigma", self.prompt_sigma, 0)
-        _at_least("workload.", "output_sigma", self.output_sigma, 0)
+        _check_bounds(self, "workload.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Clients:
-    count: int = 1
-    floor: int = 4
+    count: int = _ge(1, 1)
+    floor: int = _ge(4, 1)
     ceiling: int = 512
-    poll_s: float = 12.0
-    grace_polls: int = 3
-    items: int | None = None  # per client; None = as many as the run has time for
+    poll_s: float = _gt(12.0, 0)
+    grace_polls: int = _ge(3, 0)
+    items: int | None = _ge(None, 1)  # per client; None = as many as the run has time for
     guard: bool = True  # the client-side growth guard (MODEL_CONCURRENCY_GROWTH_GUARD)
     outage_handover: bool = True  # after the grace, hand over to the guard (MODEL_CONCURRENCY_OUTAGE_HANDOVER)
     # Batch jobs: one entry per client, its item count and its deadline (simulated seconds from the start); they
@@ -170,19 +186,14 @@ class Clients:
     # Each wait between two polls is poll_s × (1 ± up to this), drawn per poll by the controller (the live rule):
     # separate processes drift apart instead of polling in lock-step. None: the production knob,
     # MODEL_CONCURRENCY_POLL_JITTER (0.1 unless set), read when the run starts.
-    poll_jitter: float | None = None
+    poll_jitter: float | None = _ge(None, 0)
 
     def __post_init__(self) -> None:
-        _at_least("clients.", "count", self.count, 1)
-        _at_least("clients.", "poll_jitter", self.poll_jitter, 0)
+        _check_bounds(self, "clients.")
         if self.poll_jitter is not None and self.poll_jitter >= 1:
             raise ValueError(f"clients.poll_jitter = {_toml(self.poll_jitter)}: must be < 1 (a share of poll_s)")
-        _at_least("clients.", "floor", self.floor, 1)
         if self.ceiling < self.floor:
             raise ValueError(f"clients.ceiling = {self.ceiling}: must be >= clients.floor ({self.floor})")
-        _at_least("clients.", "poll_s", self.poll_s, 0, strict=True)
-        _at_least("clients.", "grace_polls", self.grace_polls, 0)
-        _at_least("clients.", "items", self.items, 1)
         for key, kind in (("job_items", int), ("deadlines_s", float)):
             values = getattr(self, key)
             if values is None:
@@ -202,18 +213,14 @@ class Clients:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Background:
-    rate_rps: float = 0.0
-    fraction_of_capacity: float | None = None  # overrides rate_rps: a share of the fleet's peak throughput
-    burstiness: float = 1.0
-    prompt_tokens: int | None = None  # defaults to the workload's
-    output_tokens: int | None = None
+    rate_rps: float = _ge(0.0, 0)
+    fraction_of_capacity: float | None = _ge(None, 0)  # overrides rate_rps: a share of the fleet's peak throughput
+    burstiness: float = _gt(1.0, 0)
+    prompt_tokens: int | None = _ge(None, 1)  # defaults to the workload's
+    output_tokens: int | None = _ge(None, 0)
 
     def __post_init__(self) -> None:
-        _at_least("background.", "rate_rps", self.rate_rps, 0)
-        _at_least("background.", "fraction_of_capacity", self.fraction_of_capacity, 0)
-        _at_least("background.", "burstiness", self.burstiness, 0, strict=True)
-        _at_least("background.", "prompt_tokens", self.prompt_tokens, 1)
-        _at_least("background.", "output_tokens", self.output_tokens, 0)
+        _check_bounds(self, "background.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,26 +229,21 @@ class Interactive:
     ``idle_rps`` for ``idle_s``, repeating from ``first_burst_s`` (``idle_rps`` before it); short prompts; its own
     TTFT target. Modelled on llm-d-batch-gateway's benchmark (15 req/s for 90 s, then 1 req/s)."""
 
-    burst_rps: float = 15.0
-    idle_rps: float = 1.0
-    burst_s: float = 90.0
-    idle_s: float = 90.0
-    first_burst_s: float = 60.0
-    burstiness: float = 1.0
-    prompt_tokens: int = 256
-    output_tokens: int = 128
-    prompt_sigma: float = 0.0
-    output_sigma: float = 0.0
-    ttft_target_s: float = 0.5
+    burst_rps: float = _ge(15.0, 0)
+    idle_rps: float = _ge(1.0, 0)
+    burst_s: float = _gt(90.0, 0)
+    idle_s: float = _gt(90.0, 0)
+    first_burst_s: float = _ge(60.0, 0)
+    burstiness: float = _gt(1.0, 0)
+    prompt_tokens: int = _ge(256, 1)
+    output_tokens: int = _ge(128, 1)
+    prompt_sigma: float = _ge(0.0, 0)
+    output_sigma: float = _ge(0.0, 0)
+    ttft_target_s: float = _gt(0.5, 0)
     priority: int = 0  # vLLM's request priority for its calls (lower first on a "priority" engine)
 
     def __post_init__(self) -> None:
-        for key in ("burst_rps", "idle_rps", "first_burst_s", "prompt_sigma", "output_sigma"):
-            _at_least("interactive.", key, getattr(self, key), 0)
-        for key in ("burst_s", "idle_s", "burstiness", "ttft_target_s"):
-            _at_least("interactive.", key, getattr(self, key), 0, strict=True)
-        _at_least("interactive.", "prompt_tokens", self.prompt_tokens, 1)
-        _at_least("interactive.", "output_tokens", self.output_tokens, 1)
+        _check_bounds(self, "interactive.")
 
     def in_burst(self, t: float) -> bool:
         """Whether the tenant bursts at simulated time ``t``."""
@@ -267,14 +269,12 @@ class Interactive:
 class RateLimit:
     """Requests and tokens per minute for the fan-out clients' calls (lab/ratelimit.py); both absent = none."""
 
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-    refusal_latency_s: float = 0.01
+    requests_per_minute: float | None = _gt(None, 0)
+    tokens_per_minute: float | None = _gt(None, 0)
+    refusal_latency_s: float = _ge(0.01, 0)
 
     def __post_init__(self) -> None:
-        _at_least("rate_limit.", "requests_per_minute", self.requests_per_minute, 0, strict=True)
-        _at_least("rate_limit.", "tokens_per_minute", self.tokens_per_minute, 0, strict=True)
-        _at_least("rate_limit.", "refusal_latency_s", self.refusal_latency_s, 0)
+        _check_bounds(self, "rate_limit.")
 
     @property
     def active(self) -> bool:
@@ -320,9 +320,9 @@ class Event:
 class Scenario:
     name: str
     description: str = ""
-    seed: int = 0
-    duration_s: float = 1200.0
-    trace_dt_s: float = 1.0
+    seed: int = _ge(0, 0)
+    duration_s: float = _gt(1200.0, 0)
+    trace_dt_s: float = _gt(1.0, 0)
     fleet: Fleet = field(default_factory=Fleet)
     workload: Workload = field(default_factory=Workload)
     clients: Clients = field(default_factory=Clients)
@@ -334,9 +334,7 @@ class Scenario:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be a non-empty string")
-        _at_least("", "seed", self.seed, 0)
-        _at_least("", "duration_s", self.duration_s, 0, strict=True)
-        _at_least("", "trace_dt_s", self.trace_dt_s, 0, strict=True)
+        _check_bounds(self, "")
         for event in self.events:
             if event.action in ("replica_down", "replica_up") and event.replica >= self.fleet.replicas:
                 raise ValueError(
