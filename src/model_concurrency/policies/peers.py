@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies.base import PolicyBase, require_fractions
@@ -161,32 +161,29 @@ class LlmdAIMD(PolicyBase):
         return min(self.max_window, max(self.min_window, window))
 
 
-class _StartThenEarn(Protocol):
-    """What batch-gateway's and Fireworks' AIMDs share (:func:`_begin`, :func:`_earn`); each dataclass declares
-    these fields with its own defaults and order."""
+@dataclass(slots=True)
+class _Credit:
+    """What batch-gateway's and Fireworks' AIMDs share: the first poll jumps to the policy's start, and after it
+    each window's worth of successes (the window = the limit) earns ``+increase``. The run of successes is carried
+    from poll to poll and is this object's alone to keep."""
 
-    start: float
-    increase: float
-    _started: bool
-    _credit: float  # successes earned toward the next +increase
+    started: bool = False
+    earned: float = 0.0  # successes toward the next +increase
 
+    def begin(self, start: float, target: float) -> float:
+        """The first poll's ``start``; later polls go on from the target."""
+        if self.started:
+            return float(target)
+        self.started = True
+        return start
 
-def _begin(policy: _StartThenEarn, target: float) -> float:
-    """The first poll jumps to ``start``; later ones go on from the target."""
-    if policy._started:
-        return float(target)
-    policy._started = True
-    return policy.start
-
-
-def _earn(policy: _StartThenEarn, window: float, successes: int, cap: float = math.inf) -> float:
-    """Each window's worth of successes (the window = the limit) earns ``+increase``, below ``cap``; what is left
-    is carried to the next poll."""
-    policy._credit += successes
-    while policy._credit >= window and window < cap:
-        policy._credit -= window
-        window += policy.increase
-    return window
+    def spend(self, window: float, successes: int, increase: float, cap: float = math.inf) -> float:
+        """The window after this poll's successes, below ``cap``; what is left over waits for the next poll."""
+        self.earned += successes
+        while self.earned >= window and window < cap:
+            self.earned -= window
+            window += increase
+        return window
 
 
 @dataclass(slots=True)
@@ -205,8 +202,7 @@ class BatchGatewayAIMD(PolicyBase):
     maximum: float = 100.0
     decrease: float = 0.5
     increase: float = 1.0
-    _started: bool = field(default=False, init=False, repr=False)
-    _credit: float = field(default=0.0, init=False, repr=False)
+    _credit: _Credit = field(default_factory=_Credit, init=False, repr=False)
 
     def __post_init__(self) -> None:
         require_fractions(self, "decrease")
@@ -214,14 +210,14 @@ class BatchGatewayAIMD(PolicyBase):
             raise ValueError("need 1 <= minimum <= start <= maximum")
 
     def next_target(self, target: float, obs: Observation) -> float:
-        limit = _begin(self, target)
+        limit = self._credit.begin(self.start, target)
         rejections = _overload_errors(obs)
         if rejections:
-            self._credit = 0.0
+            self._credit.earned = 0.0
             return max(self.minimum, limit * self.decrease**rejections)
-        limit = _earn(self, limit, _successes(obs), self.maximum)
+        limit = self._credit.spend(limit, _successes(obs), self.increase, self.maximum)
         if limit >= self.maximum:  # at the cap a clean run earns nothing to spend later
-            self._credit = 0.0
+            self._credit.earned = 0.0
         return min(self.maximum, max(self.minimum, limit))
 
 
@@ -240,8 +236,7 @@ class QueueTimeAIMD(PolicyBase):
     target_s: float = 0.5
     increase: float = 1.0
     decrease: float = 0.75
-    _started: bool = field(default=False, init=False, repr=False)
-    _credit: float = field(default=0.0, init=False, repr=False)
+    _credit: _Credit = field(default_factory=_Credit, init=False, repr=False)
 
     def __post_init__(self) -> None:
         require_fractions(self, "decrease")
@@ -249,9 +244,9 @@ class QueueTimeAIMD(PolicyBase):
             raise ValueError("target_s must be > 0 and start >= 1")
 
     def next_target(self, target: float, obs: Observation) -> float:
-        window = _begin(self, target)
+        window = self._credit.begin(self.start, target)
         queue = obs.queue_time_mean_s
         if queue is not None and queue > self.target_s:
-            self._credit = 0.0
+            self._credit.earned = 0.0
             return window * self.decrease
-        return _earn(self, window, _successes(obs))
+        return self._credit.spend(window, _successes(obs), self.increase)
