@@ -182,10 +182,25 @@ def test_slow_start_ends_when_the_engine_did_not_grow_with_us() -> None:
 
 def test_the_newest_capacity_sample_never_expires() -> None:
     p = Adaptive(window_s=100.0)
-    p.next_target(300, saturated(300, running=256, time=0.0))
-    p.next_target(300, saturated(300, running=200, time=50.0))
+    p.next_target(300, saturated(300, running=200, time=0.0))
+    p.next_target(300, saturated(300, running=256, time=50.0))
     assert p.capacity(60.0) == 256
-    assert p.capacity(1000.0) == 200
+    assert p.capacity(1000.0) == 256
+    assert list(p.samples) == [(50.0, 256)]  # the older one expired, the newest stays
+
+
+def test_a_queue_below_the_most_the_engine_has_run_is_not_its_capacity() -> None:
+    """A long prompt waiting a step for tokens at 12 running, on an engine that has run 38 at once, is not the
+    sequence limit: the cut stands, but 12 running is no inferred saturation afterwards (``fuzz-41-0187``)."""
+    p = Adaptive()
+    p.next_target(38, full(38, time=0.0))
+    assert p.next_target(14, saturated(14, running=12, time=12.0)) == pytest.approx(0.9 * 12)
+    assert p.capacity(12.0) is None
+    assert p.next_target(12, full(12, time=24.0)) == 13  # the probe goes on: nothing says 12 is a wall
+    # At the most the engine has run, a queue is the sequence limit's: a sample, and the inferred rule after it.
+    assert p.next_target(40, saturated(40, running=38, time=36.0)) == pytest.approx(0.9 * 38)
+    assert p.capacity(36.0) == 38
+    assert p.next_target(38, full(38, time=48.0)) == pytest.approx(0.9 * 38)
 
 
 def test_a_cut_never_raises_the_target_whatever_others_run() -> None:
