@@ -330,7 +330,11 @@ class Adaptive:
         if pipelining:
             return None
         if self.full_is_saturated and capacity is not None and obs.running > 0 and abs(obs.running - capacity) <= 0.5:
-            return "inferred"
+            # Only from a sample of the window: the newest never expires as a bound on the goal, but a reading that
+            # has not been seen again for ``window_s`` (an hour's wedged page, whose first poll recorded it at the
+            # peak) is no wall to cut at.
+            fresh = obs.time - self.samples[-1][0] <= self.window_s
+            return "inferred" if fresh else None
         return None
 
     @property
