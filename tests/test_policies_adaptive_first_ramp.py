@@ -103,8 +103,13 @@ def test_a_cut_inferred_from_an_earlier_capacity_does_not_record_it_again() -> N
     p.samples.append((0.0, 200.0))
     p.w_max = 180.0
     # `running` is back at the capacity learnt at t=0, with nothing waiting: cut, but learn nothing new.
-    assert p.next_target(220, poll(220, running=200, kv=0.3, time=700.0)) == pytest.approx(0.9 * 220)
+    assert p.next_target(220, poll(220, running=200, kv=0.3, time=500.0)) == pytest.approx(0.9 * 220)
     assert list(p.samples) == [(0.0, 200.0)]
+    # Past ``window_s`` the sample still bounds the goal, but it is no wall to cut at: the same reading grows.
+    q = Adaptive()
+    q.samples.append((0.0, 200.0))
+    q.w_max = 180.0
+    assert q.next_target(220, poll(220, running=200, kv=0.3, time=700.0)) == 221
 
 
 def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
