@@ -35,20 +35,6 @@ from dataclasses import dataclass, field
 
 from model_concurrency.engine.steptime import FrontEndCost, StepTimeModel
 
-__all__ = [
-    "BGE_M3",
-    "BLOCK_SIZE",
-    "LLAMA_8B_A100",
-    "LLAMA_8B_A100_40GB",
-    "LLAMA_8B_A100_80GB",
-    "LLAMA_8B_H100",
-    "LLAMA_8B_H100_80GB",
-    "PRESETS",
-    "PRESET_ALIASES",
-    "EnginePreset",
-    "get_preset",
-]
-
 BLOCK_SIZE = 16
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
