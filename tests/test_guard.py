@@ -65,6 +65,25 @@ def test_guard_lets_through_growth_that_was_a_small_part_of_the_engines() -> Non
         assert capped.cap == 8 and capped.fired == 1
 
 
+def test_alone_on_the_engine_growth_that_reached_it_is_the_engines_to_judge() -> None:
+    # One client, the whole engine: running follows our in-flight from 69 to 97, the completion rate stays flat
+    # and latency rises (a batch slowing its steps, or noise over ~50 calls). The bottleneck the guard exists for
+    # sits in front of the engine, and this growth reached it: no cap (``fuzz-41-0135``: 97 -> 64 at 0.2 KV).
+    guard = GrowthGuard()
+    guard.bound(69, 81, interval(0, 69, 5.0, 13.8, running=69))
+    guard.bound(69, 81, interval(10, 69, 5.0, 13.8, running=69))
+    assert guard.bound(97, 113, interval(20, 97, 5.0, 19.4, running=97)) == 113
+    assert guard.cap is None and guard.fired == 0
+    # The same growth that stayed in front of the engine (running flat: a front-end limit) is capped at the knee;
+    # so is growth beside a neighbour that runs half the engine (our rate there is not ours alone to read).
+    for before, after in ((69, 70), (138, 166)):
+        capped = GrowthGuard()
+        capped.bound(69, 81, interval(0, 69, 5.0, 13.8, running=before))
+        capped.bound(69, 81, interval(10, 69, 5.0, 13.8, running=before))
+        assert capped.bound(97, 113, interval(20, 97, 5.0, 19.4, running=after)) == 69
+        assert capped.fired == 1
+
+
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
     guard = GrowthGuard()
     guard.bound(32, 256, interval(0, 32, 25, 1.2))
