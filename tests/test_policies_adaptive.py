@@ -270,3 +270,27 @@ def test_application_limited_holds_and_long_idle_forgets() -> None:
 def test_rejects_bad_parameters(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         Adaptive(**bad)  # type: ignore[arg-type]
+
+
+def _shared_cuts(policy: Adaptive) -> None:
+    """Two cuts beside peers: at the most the engine ran (100, the capacity sample) and then below it."""
+    poll = Observation(running=100, waiting=10, waiting_capacity=10, inflight=66, time=0.0)
+    assert policy.next_target(66, poll) == pytest.approx(0.9 * 60)  # served 66 × 100 / 110
+    poll = Observation(running=80, waiting=10, waiting_capacity=10, inflight=54, time=12.0)
+    assert policy.next_target(54, poll) == pytest.approx(0.9 * 48)  # served 54 × 80 / 90; goal 0.6 × 100
+
+
+def test_beside_peers_a_client_climbs_back_from_its_own_cuts_by_the_additive_step() -> None:
+    """Our share of the capacity (43 / 75 × 100 = 57.3) puts 43.2 under the slow-start band, but only our own cuts
+    put us there: +1, the step every client takes, not a jump to 0.9 of our own share (which keeps any split)."""
+    after = Observation(running=75, inflight=43, time=24.0)
+    p = Adaptive()
+    _shared_cuts(p)
+    assert p.next_target(43.2, after) == pytest.approx(44.2)
+    old = Adaptive(shared_restore=True)
+    _shared_cuts(old)
+    assert old.next_target(43.2, after) == pytest.approx(0.9 * 43 / 75 * 100)
+    # Put below where our cut left us (the fail-safe's floor): the restore to 0.9 × the goal (W_max 48) as before.
+    q = Adaptive()
+    _shared_cuts(q)
+    assert q.next_target(20, Observation(running=52, inflight=20, time=24.0)) == pytest.approx(0.9 * 48)

@@ -46,7 +46,8 @@ Second round (docs/results.md, each for a measured miss): preemptions, KV usage 
 reach ``kv_high``; the first ramp also ends when the engine's ``running`` grew by less than half of our own
 increase (the engine is full, we only displace other clients); a probe on a full engine is capped by our share
 of its free slots; far below the goal (after the fail-safe's floor) it returns at once to
-``restore_fraction × goal``. Third (issue 22's generator): a saturated poll is a capacity sample only at the
+``restore_fraction × goal`` (beside peers, not from where its own cuts left it: a jump in proportion to each
+client's own goal keeps any split). Third (issue 22's generator): a saturated poll is a capacity sample only at the
 most sequences the engine has run; a queue below that waits for tokens, not for a sequence slot. Rules and
 parameters in full: docs/policies.md.
 
@@ -163,6 +164,9 @@ class Adaptive:
             draws 0-39 (held out): 0.970 -> 0.974, p10 0.833 -> 0.851, Jain 72 -> 84 % (docs/policies.md).
         admission_hold: on the first ramp, a queue the engine is still taking in (``running`` rose since our
             previous poll by at least what waits) is held, not cut, and ends the ramp (default True; ``_absorbing``).
+        shared_restore: beside peers (share under ``jump_share``), jump back to ``restore_fraction × goal`` after our
+            own cuts too (default False: the additive step from there, ``_own_band``; True: the rule before session
+            13).
         shared_fast_ramp: ask for the controller's fast first-ramp polls beside peers too, and grow there once our
             completions since the last growth add up to the window it set (default False; the
             ``adaptive-fast-ramp`` preset: a better worst case, a less fair split, docs/policies.md).
@@ -216,6 +220,8 @@ class Adaptive:
     ramp_calls: float = field(default=0.0, init=False)
     ramp_window: float = field(default=0.0, init=False)
     admission_hold: bool = True
+    shared_restore: bool = False
+    cut_goal: float = field(default=0.0, init=False)
     running_peak: float = field(default=0.0, init=False)
     last_running: float | None = field(default=None, init=False)
     one_step: bool = field(default=False, init=False)
@@ -718,11 +724,32 @@ class Adaptive:
             self.w_max, self.w_max_time = served, obs.time
             self.ramp_sample = ramping and why == "engine" and not self.alone
             self.cut_to = min(target, self._decrease(obs) * served)
+            self.cut_goal = self.goal(obs) or 0.0
             return self.cut_to
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
         return min(self._grow(target, obs, rate), max(target, self._kv_cap(obs)))
+
+    def _own_band(self, target: float, goal: float) -> bool:
+        """Beside peers, our own cuts put us under the slow-start band and no room appeared since (the goal rose by
+        less than the band, ``1 / slow_start_below``): climb by the additive step, not back to ``restore_fraction ×
+        goal`` at once (``shared_restore`` False).
+
+        That jump is proportional to our own goal, and the goal holds our share of the engine, ``s × C``: after the
+        same queue cut every client, each jumped back to 0.9 of its own share, and the split the first ramp made was
+        kept for the run (Chiu & Jain: only equal absolute steps converge). ``fuzz-41-0166`` (7 clients) Jain 0.35 ->
+        0.91, ``fuzz-41-0107`` (6) 0.41 -> 0.80. Over both generator seeds' 400 draws, 22 multi-client draws gain
+        more than 0.05 of Jain and 6 lose it, 16 lose more than a point of goodput and 1 gains one, with the median
+        and p10 unchanged (docs/results.md, session 13). Alone on the engine there is no split to keep, and the jump
+        recovers from cuts on waits for prefill tokens (without it, ``fuzz-41-0135`` 0.92 -> 0.74). Below where our
+        own cut left us (the fail-safe's floor, an outage), or when room appeared (a neighbour left, engines added),
+        the restore applies as before. Not on a one-step engine, whose knee rule restores from under 3/4 of the knee
+        by design (``_grow``): there the bundled ``embed-shared-start`` went 0.970 -> 0.965 of the oracle (Jain 0.64
+        -> 0.85), under the bundled goal of 0.97."""
+        if self.shared_restore or self.cut_to <= 0 or self.alone or self.pipelining:
+            return False
+        return target >= self.cut_to - 0.5 and goal * self.slow_start_below <= self.cut_goal
 
     def _kv_cap(self, obs: Observation) -> float:
         """The most our in-flight count may grow to before KV usage (proportional to load) reaches ``kv_high``."""
@@ -771,7 +798,7 @@ class Adaptive:
                 self.cut_to = self.decrease_factor * target
                 return self.cut_to
             return min(target + self._increase(obs), knee)
-        if target < self.slow_start_below * goal:
+        if target < self.slow_start_below * goal and not self._own_band(target, goal):
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step, self.restore_fraction * goal)
             return min(grown, max(self.decrease_factor * goal, target + self.increase_step))
