@@ -48,20 +48,24 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap is None
 
 
+def grown(knee: float, grew_to: float, rate: float, running: tuple[float, float]) -> GrowthGuard:
+    """A guard that saw two polls at ``knee`` in flight and then ``grew_to`` at the same completion rate, latency
+    rising with concurrency (Little's law), while the engine's ``running`` went from ``running[0]`` to ``[1]``."""
+    guard = GrowthGuard()
+    latency = knee / rate
+    guard.bound(knee, 2 * knee, interval(0, knee, rate, latency, running=int(running[0])))
+    guard.bound(knee, 2 * knee, interval(10, knee, rate, latency, running=int(running[0])))
+    guard.bound(grew_to, 2 * grew_to, interval(20, grew_to, rate, grew_to / rate, running=int(running[1])))
+    return guard
+
+
 def test_guard_lets_through_growth_that_was_a_small_part_of_the_engines() -> None:
     # The same intervals, but the engine's running rose by 80, ten times our growth of 8 (a fleet filling up):
     # the latency rise is the engine's, which the policy reads from its gauges; no cap.
-    guard = GrowthGuard()
-    guard.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
-    guard.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
-    assert guard.bound(16, 32, interval(20, 16, 101, 0.16, running=1080)) == 32
-    assert guard.cap is None and guard.fired == 0
+    assert grown(8, 16, 100, (1000, 1080)).fired == 0
     # Running rose by 79 (or by just our 8, the engine taking in our own growth): cap at the knee as before.
     for rise in (79, 8):
-        capped = GrowthGuard()
-        capped.bound(8, 16, interval(0, 8, 100, 0.08, running=1000))
-        capped.bound(8, 16, interval(10, 8, 100, 0.08, running=1000))
-        assert capped.bound(16, 32, interval(20, 16, 101, 0.16, running=1000 + rise)) == 8
+        capped = grown(8, 16, 100, (1000, 1000 + rise))
         assert capped.cap == 8 and capped.fired == 1
 
 
@@ -69,19 +73,13 @@ def test_alone_on_the_engine_growth_that_reached_it_is_the_engines_to_judge() ->
     # One client, the whole engine: running follows our in-flight from 69 to 97, the completion rate stays flat
     # and latency rises (a batch slowing its steps, or noise over ~50 calls). The bottleneck the guard exists for
     # sits in front of the engine, and this growth reached it: no cap (``fuzz-41-0135``: 97 -> 64 at 0.2 KV).
-    guard = GrowthGuard()
-    guard.bound(69, 81, interval(0, 69, 5.0, 13.8, running=69))
-    guard.bound(69, 81, interval(10, 69, 5.0, 13.8, running=69))
-    assert guard.bound(97, 113, interval(20, 97, 5.0, 19.4, running=97)) == 113
+    guard = grown(69, 97, 5.0, (69, 97))
     assert guard.cap is None and guard.fired == 0
     # The same growth that stayed in front of the engine (running flat: a front-end limit) is capped at the knee;
     # so is growth beside a neighbour that runs half the engine (our rate there is not ours alone to read).
-    for before, after in ((69, 70), (138, 166)):
-        capped = GrowthGuard()
-        capped.bound(69, 81, interval(0, 69, 5.0, 13.8, running=before))
-        capped.bound(69, 81, interval(10, 69, 5.0, 13.8, running=before))
-        assert capped.bound(97, 113, interval(20, 97, 5.0, 19.4, running=after)) == 69
-        assert capped.fired == 1
+    for running in ((69, 70), (138, 166)):
+        capped = grown(69, 97, 5.0, running)
+        assert capped.cap == 69 and capped.fired == 1
 
 
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
