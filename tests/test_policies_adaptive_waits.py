@@ -1,7 +1,7 @@
-"""Exact-value tests of which queues the adaptive policy cuts on (``felt_queue``): a queue is a wall when the
-interval's requests waited for it, when it is over a tenth of ``running``, or when ``running`` stands where the
-engine already stood at its most; a request or two waiting a step for prefill tokens while the engine runs more
-with every poll is not."""
+"""Exact-value tests of which queues the adaptive policy cuts on with ``felt_queue`` (the ``adaptive-felt`` preset): a
+queue is a wall when the interval's requests waited for it, when it is over a tenth of ``running``, or when
+``running`` stands where the engine stood at its most (ever, or since the previous queue); a request or two
+waiting a step for prefill tokens while the engine runs more with every poll is not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from model_concurrency import Observation
-from model_concurrency.policies import Adaptive
+from model_concurrency.policies import Adaptive, load_policy
 
 LATENCY = 2.0  # our mean round trip: a wait worth a cut is over (1 - 0.9) x 2 s = 0.2 s
 
@@ -75,17 +75,34 @@ def test_a_queue_where_the_engine_already_stood_at_its_most_is_a_wall() -> None:
 
 
 def test_a_full_engine_reads_up_to_one_steps_completions_under_its_most() -> None:
-    # 105 is the most the engine ran. At 103 with one waiting: the page was read between steps, after two of the
-    # 105 finished. One completion per 50 generated tokens puts 103 / 50 = 2.06 slots in a step: pinned.
+    # Past the first cut's queue (at 100) the engine ran 105 with nothing waiting: its most, and more than at the
+    # last queue. At 103 with one waiting, the page was read between steps after two of the 105 finished: one
+    # completion per 50 generated tokens puts 103 / 50 = 2.06 slots in a step, so the engine is pinned at 105.
     p = after_first_cut()
-    assert p.next_target(82, poll(82, running=105, waiting=1, time=12.0, queue_s=0.02)) == 83
+    assert p.next_target(82, poll(82, running=105, waiting=0, time=12.0, queue_s=0.02)) == 83
     obs = poll(83, running=103, waiting=1, time=24.0, queue_s=0.02)
     stepped = replace(obs, completed=20.0, generation_tokens=1000.0)
     assert p.next_target(83, stepped) == pytest.approx(0.9 * 83 * 103 / 104)
     # Without the counters a step's completions are unknown: 2 under the most is room, and the climb goes on.
     q = after_first_cut()
-    assert q.next_target(82, poll(82, running=105, waiting=1, time=12.0, queue_s=0.02)) == 83
+    assert q.next_target(82, poll(82, running=105, waiting=0, time=12.0, queue_s=0.02)) == 83
     assert q.next_target(83, obs) == 84
+
+
+def test_a_queue_where_the_engine_ran_no_more_since_the_last_queue_is_a_wall() -> None:
+    # The first cut's queue stood at 100 running, the most the engine ran. Since then it never ran more: a queue at
+    # 95 (within a tenth of 100) is the same wall read between steps (a fleet's engines each free a slot or two).
+    p = after_first_cut()
+    obs = poll(82, running=95, waiting=1, time=12.0, queue_s=0.02)
+    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 95 / 96)
+    # At 85, under 0.9 of it, the engine has room the queue is not waiting for (a prefill-token wait): climb on.
+    q = after_first_cut()
+    assert q.next_target(82, poll(82, running=85, waiting=1, time=12.0, queue_s=0.02)) == 83
+
+
+def test_the_rule_is_the_adaptive_felt_preset_not_the_default() -> None:
+    assert load_policy("adaptive-felt").felt_queue is True
+    assert load_policy("adaptive").felt_queue is False
 
 
 @pytest.mark.parametrize(
@@ -93,7 +110,7 @@ def test_a_full_engine_reads_up_to_one_steps_completions_under_its_most() -> Non
     [
         (None, 50.0, True),  # no queue-time histogram on the page
         (0.02, 0.0, True),  # nothing started in the interval: no wait to read
-        (0.02, 50.0, False),  # the rule before session 14
+        (0.02, 50.0, False),  # the default (``adaptive``): any capacity-waiting request is a saturation
     ],
 )
 def test_without_the_intervals_waits_every_queue_is_cut(

@@ -164,12 +164,13 @@ class Adaptive:
             draws 0-39 (held out): 0.970 -> 0.974, p10 0.833 -> 0.851, Jain 72 -> 84 % (docs/policies.md).
         admission_hold: on the first ramp, a queue the engine is still taking in (``running`` rose since our
             previous poll by at least what waits) is held, not cut, and ends the ramp (default True; ``_absorbing``).
-        felt_queue: cut on capacity-waiting only where it is a wall (default True; ``_felt``): the interval's
-            requests waited over ``1 − decrease_factor`` of our round trip, or more than that share of ``running``
-            waits, or ``running`` stands at the most the engine ever ran. A request or two waiting a step for
-            prefill tokens while the engine runs more with every poll is not cut. False: any capacity-waiting
-            request is a saturation (the rule before session 14, ``adaptive-v1``). Pages without the queue-time
-            histogram keep that rule.
+        felt_queue: cut on capacity-waiting only where it is a wall (default False; the ``adaptive-felt`` preset;
+            ``_felt``): the interval's requests waited over ``1 − decrease_factor`` of our round trip, or more than
+            that share of ``running`` waits, or ``running`` stands at the most the engine ran (since the last queue,
+            or ever), less one step's completions. A request or two waiting a step for prefill tokens while the
+            engine runs more with every poll is not cut. Not the default: it buys the generator's goodput p10 and
+            costs its p99 share, fairness and ``fleet-1000``'s saturated time (docs/results.md, session 14). False:
+            any capacity-waiting request is a saturation; so are pages without the queue-time histogram.
         shared_restore: beside peers (share under ``jump_share``), jump back to ``restore_fraction × goal`` after our
             own cuts too (default False: the additive step from there, ``_own_band``; True: the rule before session
             13).
@@ -226,11 +227,12 @@ class Adaptive:
     ramp_calls: float = field(default=0.0, init=False)
     ramp_window: float = field(default=0.0, init=False)
     admission_hold: bool = True
-    felt_queue: bool = True
+    felt_queue: bool = False
     shared_restore: bool = False
     cut_goal: float = field(default=0.0, init=False)
     running_peak: float = field(default=0.0, init=False)
     peak_before: float = field(default=-1.0, init=False)
+    queue_peak: float = field(default=-1.0, init=False)
     last_running: float | None = field(default=None, init=False)
     one_step: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
@@ -314,7 +316,7 @@ class Adaptive:
         if self.idle.idle_past(obs, self.idle_s):
             self.w_max, self.probes, self.held, self.cut_to, self.ramp_grown_at = None, 0, False, 0.0, None
             self.samples.clear()
-            self.running_peak = 0.0
+            self.running_peak, self.queue_peak = 0.0, -1.0
 
     def _rescale(self, obs: Observation) -> float | None:
         """The factor by which the summed KV block count changed since the last poll that reported it."""
@@ -354,31 +356,34 @@ class Adaptive:
         return None
 
     def _felt(self, obs: Observation) -> bool:
-        """The queue is a wall, not a wait for prefill tokens: it cost the interval's requests a wait worth a cut
-        (the mean queue time of those that started over ``1 − decrease_factor`` of our round trip, as in
-        ``_ramp_factor``), or it is over that share of ``running`` (a wall the interval has not felt yet: its
-        waiters have not started), or ``running`` is where the engine already stood at its most (pinned: a
-        sequence limit). Or nothing says (no figures).
+        """With ``felt_queue``, the queue is a wall, not a wait for prefill tokens: it cost the interval's requests a
+        wait worth a cut (the mean queue time of those that started over ``1 − decrease_factor`` of our round trip,
+        as in ``_ramp_factor``), or it is over that share of ``running`` (a wall whose waiters have not started, so
+        their wait is not in the histogram yet), or ``running`` stands at the most the engine ran, less one step's
+        completions (pinned at a sequence limit: ever, or since the previous queue within ``1 − decrease_factor``
+        of it, as a fleet's engines each free a slot or two between steps). Or nothing says (no figures).
 
         One long prompt waiting a step for prefill tokens shows on the gauge at every poll of a prefill-heavy
         engine while the engine still runs more with every request added: cut on it, ``fuzz-43-0027`` (2 clients,
-        19 % of prompts 8,400 tokens long) sat at 30 running of a knee of 224 (0.66 of the oracle; 0.91 with the
-        rule). Generator, 200 draws of seeds 41 and 43: goodput p10 0.921 -> 0.949 and 0.925 -> 0.948, 58 draws
-        gain over a point and 1 loses one; the p99 share falls 80 -> 76 % and 83 -> 77 % (a standing queue of a
-        few requests at a sequence limit the pinned test misses, and first ramps that double past one), Jain 84 ->
-        81 % and 73 -> 73 % (docs/results.md, session 14). Not on a one-step engine: there the queue is the
-        pipelined batch, and ``one_step_queue`` says how much of it is tolerated."""
+        19 % of prompts 8,400 tokens long) sat at 30 running of a knee of 224 (0.66 of the oracle). Generator, 200
+        draws of seeds 41 and 43 against the default: goodput p10 0.921 -> 0.941 and 0.925 -> 0.944, 50 draws gain
+        over a point and 1 loses one; the p99 share 80 -> 76 % and 83 -> 78 %, Jain 84 -> 79 % and 73 -> 72 %: first
+        ramps that double past a limit they reach for the first time. Hence a preset, not the default
+        (docs/results.md, session 14). Not on a one-step engine: there the queue is the pipelined batch, and
+        ``one_step_queue`` says how much of it is tolerated."""
         if not self.felt_queue:
             return True
         latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
         if latency is None or queued is None or not obs.started:
             return True
         share = 1 - self.decrease_factor
+        slack = self._step_slack(obs)
+        since, self.queue_peak = self.queue_peak, self.running_peak
         if queued > share * latency or obs.waiting_capacity > share * obs.running:
             return True
-        return (
-            self.peak_before >= 0 and self.peak_before - self._step_slack(obs) <= obs.running <= self.peak_before + 0.5
-        )
+        if self.peak_before >= 0 and self.peak_before - slack <= obs.running <= self.peak_before + 0.5:
+            return True
+        return since >= 0 and self.running_peak <= since + slack and obs.running >= self.decrease_factor * since
 
     @staticmethod
     def _step_slack(obs: Observation) -> float:
@@ -708,6 +713,7 @@ class Adaptive:
                 self.w_max *= factor
             self.samples = deque(((t, r * factor) for t, r in self.samples), maxlen=self.window_polls)
             self.running_peak *= factor
+            self.queue_peak = -1.0
             self.probes = 0
             if factor < 1 or not app_limited(obs, target, self.near_full):
                 return target * factor
