@@ -19,17 +19,9 @@ def poll(
     target: float, *, running: float, waiting: float, time: float, queue_s: float | None, started: float = 50.0
 ) -> Observation:
     """Our whole target in flight; ``queue_s`` is the mean queue time of the interval's ``started`` requests."""
-    return Observation(
-        running=running,
-        waiting=waiting,
-        waiting_capacity=waiting,
-        inflight=int(target),
-        time=time,
-        client_calls=int(started),
-        client_latency_mean_s=LATENCY,
-        started=started,
-        queue_time_mean_s=queue_s,
-    )
+    engine = Observation(running=running, waiting=waiting, waiting_capacity=waiting, time=time)
+    ours = {"inflight": int(target), "client_calls": int(started), "client_latency_mean_s": LATENCY}
+    return replace(engine, started=started, queue_time_mean_s=queue_s, **ours)
 
 
 def after_first_cut(felt_queue: bool = True) -> Adaptive:
