@@ -373,17 +373,25 @@ class Adaptive:
         ``one_step_queue`` says how much of it is tolerated."""
         if not self.felt_queue:
             return True
-        latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
-        if latency is None or queued is None or not obs.started:
+        waited = self._waited(obs)
+        if waited is None or not obs.started:
             return True
         share = 1 - self.decrease_factor
         slack = self._step_slack(obs)
         since, self.queue_peak = self.queue_peak, self.running_peak
-        if queued > share * latency or obs.waiting_capacity > share * obs.running:
+        if waited or obs.waiting_capacity > share * obs.running:
             return True
         if self.peak_before >= 0 and self.peak_before - slack <= obs.running <= self.peak_before + 0.5:
             return True
         return since >= 0 and self.running_peak <= since + slack and obs.running >= self.decrease_factor * since
+
+    def _waited(self, obs: Observation) -> bool | None:
+        """The interval's requests waited a queue worth a cut: their mean queue time over ``1 − decrease_factor`` of
+        our mean round trip (the share a cut takes off). None when either figure is missing."""
+        latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
+        if latency is None or queued is None:
+            return None
+        return queued > (1 - self.decrease_factor) * latency
 
     @staticmethod
     def _step_slack(obs: Observation) -> float:
@@ -672,10 +680,9 @@ class Adaptive:
         if not self.turnover_ramp or own_share(obs) < self.jump_share:
             return self.slow_start_factor
         window = self._window(obs)
-        latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
         if window <= 0 or obs.client_calls <= 0:
             return self.slow_start_factor
-        if queued is not None and latency is not None and queued > (1 - self.decrease_factor) * latency:
+        if self._waited(obs):
             return self.slow_start_factor
         rounds = min(obs.client_calls / window, math.log(self.jump_max_factor, self.slow_start_factor))
         return max(self.slow_start_factor, math.pow(self.slow_start_factor, rounds))
