@@ -85,7 +85,9 @@ def test_clients_send_nothing_during_a_hold_and_stay_within_the_bucket(monkeypat
     summary = summarize(trace)
     sent = client.throttled[-1] + client.completions[-1] + client.errors[-1]
     assert summary["throttled_fraction"] == pytest.approx(client.throttled[-1] / sent)
-    assert summary["limit_ratio"] is not None and summary["limit_ratio"] <= 1.0 + 1e-9
+    # After the first minute the limit admits its refill and whatever of the first minute's bucket a hold left.
+    after = scenario.duration_s - 60.0
+    assert summary["limit_ratio"] is not None and summary["limit_ratio"] <= (120 + 2 * after) / (2 * after) + 1e-9
 
 
 def test_no_limit_means_no_front() -> None:
@@ -135,3 +137,28 @@ def test_the_target_settles_under_the_limit_instead_of_sawing_into_it(policy: st
     ratios = [r["limit_ratio"] for r in runs]
     assert statistics.median(ratios) >= 0.95 and min(ratios) >= 0.9, ratios
     assert all(r["throttled_fraction_after_60s"] < 0.01 for r in runs)
+
+
+def test_clients_sharing_a_limit_their_floors_overrun_back_off_instead_of_hammering_it() -> None:
+    """Four clients with floors of 8 behind 600 requests a minute (10 a second, about 3 calls in flight at a time):
+    the floors alone ask for ten times what the limit admits, and every refusal names the same instant, the
+    bucket's next token. Before the hold's backoff at the floor (gate/hold.py) 97 % of their calls were refused
+    after the first minute, at 1.00 of the limit and Jain 0.36; with it 7 %, 0.90 and 0.97 (docs/results.md, "A
+    shared rate limit")."""
+    from model_concurrency.policies.registry import load_policy
+
+    scenario = scenario_from_dict(
+        {
+            "name": "shared-limit",
+            "seed": 5,
+            "duration_s": 240.0,
+            "fleet": {"preset": "llama-8b-h100"},
+            "workload": {"prompt_tokens": 256, "output_tokens": 32},
+            "clients": {"count": 4, "floor": 8, "ceiling": 64},
+            "rate_limit": {"requests_per_minute": 600},
+        }
+    )
+    summary = summarize(simulate(scenario, policy_factory=lambda: load_policy("adaptive")))
+    assert summary["throttled_fraction_after_60s"] < 0.1
+    assert summary["limit_ratio"] is not None and summary["limit_ratio"] >= 0.85
+    assert summary["jain_fairness"] >= 0.9

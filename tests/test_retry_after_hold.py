@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from datetime import UTC, datetime
 
@@ -16,6 +17,9 @@ from fault_servers import fault_server, page
 from model_concurrency import map_concurrent, map_concurrent_sync, slot
 from model_concurrency.config import register_model
 from model_concurrency.gate.hold import (
+    HOLD_BACKOFF_MAX_S,
+    HOLD_DECAY,
+    HOLD_FACTOR_MAX,
     MAX_RETRY_AFTER_S,
     AdmissionHold,
     retry_after_from_exception,
@@ -64,7 +68,7 @@ def test_note_rejects_nonsense(bad: object) -> None:
 
 
 @given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 500)), min_size=1, max_size=20))
-def test_hold_is_the_latest_capped_deadline(notes: list[tuple[float, float]]) -> None:
+def test_without_backoff_the_hold_is_the_latest_capped_deadline(notes: list[tuple[float, float]]) -> None:
     hold = AdmissionHold()
     now, expected = 0.0, -math.inf
     for gap, delay in notes:
@@ -72,6 +76,97 @@ def test_hold_is_the_latest_capped_deadline(notes: list[tuple[float, float]]) ->
         hold.note(delay, now)
         expected = max(expected, now + min(delay, MAX_RETRY_AFTER_S))
     assert hold.until == expected
+    assert hold.factor == 1.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 500), st.integers(0, 3000)), min_size=1, max_size=20))
+def test_with_backoff_never_shorter_than_asked_never_past_the_caps(notes: list[tuple[float, float, int]]) -> None:
+    """Whatever the backoff: each deadline covers the delay asked (capped), the backoff adds no more than up to
+    HOLD_BACKOFF_MAX_S, and a deadline never shortens."""
+    hold = AdmissionHold()
+    now, before = 0.0, -math.inf
+    for gap, delay, accepted in notes:
+        now += gap
+        for _ in range(accepted):
+            hold.accepted()
+        until = hold.note(delay, now, backoff=True)
+        asked = now + min(delay, MAX_RETRY_AFTER_S)
+        assert until >= asked
+        assert until <= max(before, asked, now + HOLD_BACKOFF_MAX_S)
+        assert until >= before
+        assert 1.0 <= hold.factor <= HOLD_FACTOR_MAX
+        before = until
+
+
+def test_repeated_refusals_double_the_hold_and_accepted_calls_shrink_it() -> None:
+    """The backoff, exactly: a refusal after the hold ended doubles the factor for the next hold; refusals during
+    a hold (the rest of one burst) do not; each accepted call multiplies it by HOLD_DECAY, down to 1."""
+    hold = AdmissionHold()
+    note = functools.partial(hold.note, backoff=True)
+    assert note(0.1, now=0.0) == 0.1  # the first refusal: the delay as named
+    assert hold.factor == 2.0
+    assert note(0.1, now=0.05) == pytest.approx(0.25)  # same burst: 0.1 x 2, no doubling
+    assert hold.factor == 2.0
+    assert note(0.1, now=0.3) == pytest.approx(0.5)  # sent after the hold, refused again: x 2 now, x 4 next
+    assert hold.factor == 4.0
+    assert note(0.1, now=1.0) == pytest.approx(1.4)
+    assert hold.factor == 8.0
+    for _ in range(1000):
+        hold.accepted()
+    assert hold.factor == pytest.approx(8.0 * HOLD_DECAY**1000)
+    for _ in range(5000):
+        hold.accepted()
+    assert hold.factor == 1.0
+    for k in range(20):
+        note(0.001, now=10.0 + k)
+    assert hold.factor == HOLD_FACTOR_MAX
+    assert note(1.0, now=100.0) == 100.0 + HOLD_BACKOFF_MAX_S  # 1 s x 1024: the backoff's cap
+    assert note(MAX_RETRY_AFTER_S * 2, now=200.0) == 200.0 + MAX_RETRY_AFTER_S  # a delay named: as named, capped
+
+
+def test_the_runtime_backs_off_only_at_its_floor() -> None:
+    """Above the floor a refusal holds for the delay as named (the target's own cuts do the work); at the floor,
+    where nothing lowers it, repeated refusals lengthen the hold."""
+    runtime, clock = held_runtime(floor=4)
+    hold = runtime.limiter.hold
+    runtime.core.target_value = 40.0
+    assert runtime.core.target > runtime.core.lower
+    for _ in range(3):
+        clock.now += 10.0
+        assert runtime.note_retry_after(1.0) == pytest.approx(clock.now + 1.0, abs=1.0)
+    assert hold.factor == 1.0
+    runtime.core.target_value = 4.0
+    clock.now += 10.0
+    first = runtime.note_retry_after(1.0) - clock.now  # factor 1, then 2
+    clock.now += 10.0
+    second = runtime.note_retry_after(1.0) - clock.now  # factor 2, then 4
+    assert hold.factor == 4.0
+    assert second == pytest.approx(2.0 * first, abs=0.1)
+
+
+def test_every_front_counts_an_accepted_call_once() -> None:
+    """map_concurrent_sync, map_concurrent and slot() each shrink the backoff once per call that succeeded, and a
+    failed call (not a refusal) leaves it alone."""
+    runtime, _ = held_runtime(floor=3)
+    hold = runtime.limiter.hold
+    hold.factor = 2.0
+    map_concurrent_sync(range(7), lambda x: x, model="m")
+    assert hold.factor == pytest.approx(2.0 * HOLD_DECAY**7)
+
+    async def fn(x: int) -> int:
+        return x
+
+    asyncio.run(map_concurrent(range(5), fn, model="m"))
+    assert hold.factor == pytest.approx(2.0 * HOLD_DECAY**12)
+    with slot("m"):
+        pass
+    assert hold.factor == pytest.approx(2.0 * HOLD_DECAY**13)
+
+    def boom(_: int) -> int:
+        raise RuntimeError("the caller's own bug")
+
+    map_concurrent_sync(range(3), boom, model="m", return_exceptions=True)
+    assert hold.factor == pytest.approx(2.0 * HOLD_DECAY**13)
 
 
 def test_headers() -> None:

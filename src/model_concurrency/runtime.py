@@ -360,10 +360,12 @@ class ModelRuntime:
 
         ``ValueError`` for NaN, infinite or negative delays; longer than ``MAX_RETRY_AFTER_S`` is capped. Returns
         the hold's deadline on this runtime's clock. What the policy does about the throttling is its own business
-        (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile.
+        (it reads ``client_throttled`` at the next poll); this only keeps calls from being wasted meanwhile. While
+        the target stands at the floor, where no cut can lower it, refusals that repeat lengthen the hold
+        (:class:`~model_concurrency.gate.hold.AdmissionHold`'s backoff).
         """
         now = self.clock()
-        until = self.limits.hold.note(seconds, now)
+        until = self.limits.hold.note(seconds, now, backoff=self.core.target <= self.core.lower)
         # Debug, not info: a burst of 429s would log one line each; the count is limiter.hold.holds.
         log.debug("model %s: throttled; no new call for %.3f s (Retry-After)", self.name, until - now)
         return until

@@ -99,6 +99,7 @@ class slot:
         status, outcome = self._status, self._outcome
         if exc is None and (status is None or status < 400):
             runtime.calls.record(latency, ok=True, status=status)
+            runtime.limiter.hold.accepted()
             note_success(runtime, self._sent_at)
         else:
             if outcome is None:  # no response reported: the exception says what happened

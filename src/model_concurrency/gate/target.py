@@ -139,7 +139,9 @@ class Target:
         if exc is None:
             if self.recorder is not None:
                 self.recorder.record(latency_s, ok=True)
-            if self.runtime.limiter.hold.outage.active:
+            hold = self.runtime.limiter.hold
+            hold.accepted()
+            if hold.outage.active:
                 note_success(self.runtime, self.runtime.clock() - latency_s)
             return
         status = status_of(exc)

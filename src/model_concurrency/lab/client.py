@@ -411,6 +411,7 @@ class SimClient:
             if scheduled is not None and queued is not None:
                 self.queue_times.append(scheduled - queued)
             self.calls.record(latency, ok=True)
+            self.hold.accepted()
         else:
             # Aborted (its replica was lost): the item is retried, as an ingestion job would. A client sees the
             # connection drop (no HTTP status): an error, not a refusal, so no throttle rule reads it as a limit.
@@ -437,7 +438,7 @@ class SimClient:
         self.throttled += 1
         self.throttle_times.append(now)
         self.calls.record(float(getattr(self.target, "refusal_latency_s", 0.0)), ok=False, status=429)
-        self.hold.note(retry_after_s, now)
+        self.hold.note(retry_after_s, now, backoff=self.core.target <= self.core.lower)
         self.retry.append(request)
         self._wake(self.limiter.release(self._units.pop(id(request))))
         if self.schedule is None:  # the production rule, applied by the production runtime
