@@ -438,10 +438,14 @@ class SimClient:
         self.throttled += 1
         self.throttle_times.append(now)
         self.calls.record(float(getattr(self.target, "refusal_latency_s", 0.0)), ok=False, status=429)
-        self.hold.note(retry_after_s, now, backoff=self.core.target <= self.core.lower)
+        # The hold before the slot is handed on, so the waiter it wakes starts after it.
+        if self.schedule is None:  # the production rules, applied by the production runtime on this clock and hold
+            self.runtime.note_retry_after(retry_after_s)  # with the backoff at the floor
+        else:  # a schedule (the oracle): the hold as named
+            self.hold.note(retry_after_s, now)
         self.retry.append(request)
         self._wake(self.limiter.release(self._units.pop(id(request))))
-        if self.schedule is None:  # the production rule, applied by the production runtime
+        if self.schedule is None:
             self.runtime.note_throttled()
 
     def _read(self) -> EngineSnapshot | None:
