@@ -9,6 +9,7 @@ served, as an ingestion job would.
 
     python benchmarks/rate_limit_live.py --rpm 1200 --seconds 90 --policy adaptive
     python benchmarks/rate_limit_live.py --rpm 1200 --seconds 90 --policy gradient
+    python benchmarks/rate_limit_live.py --rpm 300 --seconds 90 --floor 32   # a floor the limit cannot admit
 
 Prints the served rate against the limit and the share of attempts throttled, whole run and after the first
 minute of wall time (the bucket starts full, as the lab's). A demonstration, not a test: figures vary with the
@@ -75,11 +76,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90.0, help="how long to run (wall seconds)")
     parser.add_argument("--policy", default="adaptive", help="the policy (gradient: no engine signal read)")
     parser.add_argument("--workers", type=int, default=256, help="items offered at once (the gate admits fewer)")
+    parser.add_argument("--floor", type=int, default=1, help="the model's floor (max_parallel_calls)")
     args = parser.parse_args()
     config = EmulatorConfig(preset="llama-8b-h100", max_num_seqs=256, requests_per_minute=args.rpm)
     with serve_in_processes(config) as emu:
         register_model(
-            "llm", base_url=emu.base_url, served_model_name=emu.model, max_parallel_calls=1, policy=args.policy
+            "llm", base_url=emu.base_url, served_model_name=emu.model, max_parallel_calls=args.floor, policy=args.policy
         )
         log = asyncio.run(run(emu.base_url, emu.model, args.seconds, args.workers))
     ok, thr = log["ok"], log["throttled"]

@@ -142,6 +142,7 @@ def test_the_runtime_backs_off_only_at_its_floor() -> None:
     second = runtime.note_retry_after(1.0) - clock.now  # factor 2, then 4
     assert hold.factor == 4.0
     assert second == pytest.approx(2.0 * first, abs=0.1)
+    assert runtime.state().as_dict()["hold_backoff"] == 4.0  # get_utilization's record, beside the other fallbacks
 
 
 def test_every_front_counts_an_accepted_call_once() -> None:

@@ -443,6 +443,7 @@ class ModelRuntime:
             counter_resets=self.health.counter_resets,
             outage=outage.reason if since is not None else None,
             outage_s=max(0.0, self.clock() - since) if since is not None else None,
+            hold_backoff=self.limits.hold.factor,
         )
 
     def _refresh_knobs(self) -> None:

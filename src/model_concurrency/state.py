@@ -62,6 +62,9 @@ class RuntimeState:
     # and for how long so far; None while its calls get through.
     outage: str | None = None
     outage_s: float | None = None
+    # The Retry-After hold's backoff at the floor (gate/hold.py): 1 until refusals repeat there; above 1, each
+    # refusal holds that many times the delay it names (the backoff adding at most up to 30 s).
+    hold_backoff: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""
