@@ -13,7 +13,7 @@ import pytest
 
 from model_concurrency.cli import main
 from model_concurrency.lab.compare import COLUMNS, markdown_table, run_study
-from model_concurrency.lab.scenario import load_scenario
+from model_concurrency.lab.scenario import Scenario, load_scenario
 from model_concurrency.lab.summary import SUMMARY_KEYS
 
 SIMS = Path(__file__).resolve().parents[1] / "sims"
@@ -113,3 +113,42 @@ def test_adaptive_shares_fairly_where_aimd_does_not(study: object) -> None:
     assert adaptive["jain_fairness"] >= 0.75, (adaptive["jain_fairness"], aimd["jain_fairness"])
     assert adaptive["goodput_ratio"] >= 0.95
     assert adaptive["jain_fairness"] > aimd["jain_fairness"] + 0.15
+
+
+def test_a_scenario_the_lab_cannot_score_gets_rows_with_the_reason_and_the_study_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model_concurrency.lab import compare as compare_module
+
+    real = compare_module._oracle_task
+
+    def oracle_task(scenario: Scenario) -> object:
+        if scenario.name == "ramp":
+            raise ValueError("no knee for this fleet")
+        return real(scenario)
+
+    monkeypatch.setattr(compare_module, "_oracle_task", oracle_task)
+    out = tmp_path / "cmp"
+    code = main(
+        [
+            "compare",
+            "ramp",
+            "gpu-added",
+            "--policies",
+            "static",
+            "--scale",
+            "0.05",
+            "--jobs",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 1
+    assert "not scored: ramp: no knee for this fleet" in capsys.readouterr().err
+    with (out / "compare.csv").open() as fh:
+        rows = {r["scenario"]: r for r in csv.DictReader(fh)}
+    assert rows["ramp"]["unscored"] == "no knee for this fleet" and rows["ramp"]["goodput_ratio"] == ""
+    assert rows["gpu-added"]["unscored"] == "" and float(rows["gpu-added"]["goodput_ratio"]) > 0
+    assert (out / "compare.png").exists()

@@ -73,3 +73,29 @@ def test_the_full_sweep_can_be_asked_for(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_metrics_events_keep_the_per_replica_sweep() -> None:
     events = [{"at_s": 10.0, "action": "metrics_down"}, {"at_s": 20.0, "action": "metrics_up"}]
     assert per_replica_sweeps(fleet(events=events))
+
+
+def test_unequal_replicas_are_swept_one_shape_at_a_time_and_summed() -> None:
+    """Engines added while a replica was down leave it smaller when it returns: the fleet's knee and peak are the
+    sums over its replicas of each shape's own sweep, under its share of the background and of the cap."""
+    scenario = fleet()
+    oracle = Oracle(scenario)
+    unequal = oracle.sweep(Phase((2, 2, 3), background_rps=7.0))
+    small = Oracle(fleet(fleet={"engine": {"max_num_seqs": 8}, "replicas": 1, "engines": 2}))
+    small.cap = round(oracle.cap * 2 / 7)
+    large = Oracle(fleet(fleet={"engine": {"max_num_seqs": 8}, "replicas": 1, "engines": 3}))
+    large.cap = round(oracle.cap * 3 / 7)
+    two = small.sweep(Phase((2,), background_rps=2.0))  # 2 of the 7 engines' share of the background
+    three = large.sweep(Phase((3,), background_rps=3.0))
+    assert unequal.knee == 2 * two.knee + three.knee
+    assert unequal.peak == pytest.approx(2 * two.peak + three.peak)
+
+
+def test_a_drawn_fleet_that_grew_while_a_replica_was_down_is_scored() -> None:
+    from model_concurrency.lab.fuzz import draw_scenario
+    from model_concurrency.lab.world import phases
+
+    scenario = draw_scenario(41, 115, 0.05)  # replica 0 down, an engine added, replica 0 back: (1, 2)
+    assert [p.engines for _, p in phases(scenario)] == [(1, 1), (1,), (2,), (1, 2)]
+    knees = [k for _, k in Oracle(scenario).knees()]
+    assert knees[3] == knees[1] + knees[2]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_study_arguments", "register", "study_policies"]
+__all__ = ["add_study_arguments", "register", "study_policies", "unscored_status"]
 
 # The default policy first, then the alternatives it was chosen over.
 DEFAULT_POLICIES = "adaptive,aimd,seed-aimd,aimd-slowstart,capacity"
@@ -78,4 +79,11 @@ def run(args: argparse.Namespace) -> int:
         print_table(study.rows, shown, title="policy comparison")
     for path in written:
         print(f"wrote {path}")
-    return 0
+    return unscored_status(study.unscored)
+
+
+def unscored_status(unscored: dict[str, str]) -> int:
+    """Exit status 1 when scenarios could not be scored (each named on stderr with its reason), else 0."""
+    for name, why in sorted(unscored.items()):
+        print(f"model-concurrency: not scored: {name}: {why}", file=sys.stderr)
+    return 1 if unscored else 0

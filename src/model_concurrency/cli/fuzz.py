@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from model_concurrency.cli.compare import add_study_arguments, study_policies
+from model_concurrency.cli.compare import add_study_arguments, study_policies, unscored_status
 
 __all__ = ["register"]
 
@@ -65,4 +65,4 @@ def run(args: argparse.Namespace) -> int:
     print()
     for line in result.lines:
         print(line)
-    return 0
+    return unscored_status(result.unscored)

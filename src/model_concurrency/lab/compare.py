@@ -9,6 +9,9 @@ Order of work, so the oracle's knee sweeps (the costly, disk-cached part) are ne
 oracle run of each scenario is submitted first; the pairs of a scenario are submitted only when its oracle has
 finished, by which time its sweeps are on disk (and a scenario that sizes background traffic from capacity finds
 them there).
+
+A scenario whose oracle cannot be built (the lab has no knee for its fleet) is not scored: each of its rows names
+the reason in ``unscored``, the rest of the study completes, and the commands exit 1 to say that rows are missing.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from model_concurrency.lab.trace import Trace
 
 __all__ = ["COLUMNS", "Study", "markdown_table", "run_study", "write_csv", "write_grid", "write_markdown"]
 
-COLUMNS = ("scenario", "policy", *SUMMARY_KEYS)
+#: ``unscored``: why the lab could not score the scenario (its oracle could not be built); empty when it was scored.
+COLUMNS = ("scenario", "policy", *SUMMARY_KEYS, "unscored")
 
 
 @dataclass(slots=True)
@@ -40,6 +44,7 @@ class Study:
     rows: list[dict[str, Any]] = field(default_factory=list)
     traces: dict[tuple[str, str], Trace] = field(default_factory=dict)
     oracles: dict[str, Trace] = field(default_factory=dict)
+    unscored: dict[str, str] = field(default_factory=dict)  # scenario name -> why its oracle could not be built
 
     def row(self, scenario: str, policy: str) -> dict[str, Any]:
         for row in self.rows:
@@ -102,7 +107,15 @@ def run_study(
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 scenario, label = pending.pop(future)
-                trace = future.result()
+                try:
+                    trace = future.result()
+                except ValueError as exc:
+                    if label is not None:
+                        raise  # a policy's run that fails is a bug, not a scenario the lab cannot score
+                    study.unscored[scenario.name] = str(exc)  # its rows say why; the rest of the study goes on
+                    if progress is not None:
+                        progress(f"{scenario.name} / oracle (unscored)")
+                    continue
                 if label is None:
                     study.oracles[scenario.name] = trace
                     for p in policies:
@@ -113,6 +126,9 @@ def run_study(
                     progress(f"{scenario.name} / {label or 'oracle'}")
     for sc in scenarios:
         for p in policies:
+            if sc.name in study.unscored:
+                study.rows.append({"scenario": sc.name, "policy": p, "unscored": study.unscored[sc.name]})
+                continue
             summary = summarize(study.traces[(sc.name, p)], study.oracles[sc.name])
             study.rows.append({"scenario": sc.name, "policy": p, **summary})
     return study
@@ -174,7 +190,11 @@ def write_grid(study: Study, path: str | Path, *, dpi: int = 80) -> Path:
     )
     for i, sc in enumerate(study.scenarios):
         for j, policy in enumerate(study.policies):
-            trace = study.traces[(sc.name, policy)]
+            trace = study.traces.get((sc.name, policy))
+            if trace is None:  # unscored: the cell says why
+                axes[2 * i, j].set_title(f"{sc.name}: not scored", fontsize=8)
+                axes[2 * i, j].text(0.5, 0.5, study.unscored.get(sc.name, ""), ha="center", wrap=True, fontsize=7)
+                continue
             pair = (axes[2 * i, j], axes[2 * i + 1, j])
             draw_run(pair, trace, study.oracles.get(sc.name), f"{sc.name}: {policy}", legend=False)
             axes[2 * i + 1, j].sharex(axes[2 * i, j])

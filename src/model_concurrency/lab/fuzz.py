@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ MAX_TOTAL_CEILING = 4096
 P_SPREAD = 0.7
 P_HEAVY_TAIL = 0.25
 P_EVENT = {"engines": 0.2, "flap": 0.15, "tenant": 0.2, "outage": 0.15, "rate_limit": 0.1}
+# Of the draws that add engines and flap a replica, the share whose engines arrive while the replica is down.
+P_UNEQUAL = 0.5
 # A draw's p99 queue passes "<= 2x the oracle's" below this too: an oracle that queues nothing would otherwise fail
 # every policy for one engine step of queueing.
 QUEUE_SLACK_S = 0.05
@@ -126,23 +128,32 @@ def _event_kinds(rng: np.random.Generator) -> frozenset[str]:
     sizes (:func:`draw_dict`), so the budget on the oracle's cost does not thin out the draws with events."""
     kinds = {kind for kind, p in P_EVENT.items() if rng.random() < p}
     if "engines" in kinds:
-        # A replica restarted after engines were removed comes back with all of its engines, unlike the others:
-        # the oracle needs identical replicas, so a draw with a flap only ever adds engines.
+        # With a flap, engines are only ever added: a replica restarted after a removal comes back whole.
         remove = rng.random() < 0.5 and "flap" not in kinds
         kinds.add("remove_engines" if remove else "add_engines")
+        if "flap" in kinds and rng.random() < P_UNEQUAL:
+            # The engines arrive while replica 0 is down, so it returns smaller than the others: a fleet that grew
+            # one replica at a time (the oracle sweeps each replica shape).
+            kinds.add("unequal")
     return frozenset(kinds - {"engines"})
 
 
 def _events(rng: np.random.Generator, kinds: frozenset[str], duration: float, engines: int) -> list[dict[str, Any]]:
     """The events of ``kinds``, placed after the start's ramp.
 
-    A change of engines comes before a replica flap: the oracle needs identical live replicas, and engines added
-    while a replica is down would leave it smaller when it returns."""
+    A change of engines comes before a replica flap, except in the draws marked ``unequal``: there the engines
+    arrive while replica 0 is down, and it returns smaller than the others."""
     events: list[dict[str, Any]] = []
 
     def at(low: float, high: float) -> float:
         return round(float(rng.uniform(low, high)) * duration, 1)
 
+    if "unequal" in kinds:
+        down = at(0.2, 0.3)
+        events.append({"at_s": down, "action": "replica_down", "replica": 0})
+        events.append({"at_s": at(0.35, 0.5), "action": "add_engines", "count": int(rng.integers(1, 3))})
+        events.append({"at_s": at(0.55, 0.7), "action": "replica_up", "replica": 0})
+        kinds = kinds - {"add_engines", "flap"}
     if "remove_engines" in kinds:
         events.append({"at_s": at(0.25, 0.5), "action": "remove_engines", "count": int(rng.integers(1, engines))})
     if "add_engines" in kinds:
@@ -329,7 +340,8 @@ def queue_ok(row: dict[str, Any]) -> bool:
 
 def fuzz_line(rows: Sequence[dict[str, Any]], policy: str) -> str:
     """``fuzz: policy NAME, n N, goodput median M p10 P min X, p99<=2x F%, jain>=0.9 J% of multi-client``."""
-    mine = [r for r in rows if r["policy"] == policy]
+    every = [r for r in rows if r["policy"] == policy]
+    mine = [r for r in every if not r.get("unscored")]
     ratios = sorted(r["goodput_ratio"] for r in mine if r.get("goodput_ratio") is not None)
     if ratios:
         median = statistics.median(ratios)
@@ -340,9 +352,10 @@ def fuzz_line(rows: Sequence[dict[str, Any]], policy: str) -> str:
     queue = 100.0 * sum(queue_ok(r) for r in mine) / len(mine) if mine else 0.0
     multi = [r for r in mine if r["clients"] > 1]
     fair = 100.0 * sum((r.get("jain_fairness") or 0.0) >= JAIN_GOOD for r in multi) / len(multi) if multi else 100.0
+    unscored = f", unscored {len(every) - len(mine)}" if len(every) > len(mine) else ""
     return (
         f"fuzz: policy {policy}, n {len(mine)}, {goodput}, p99<=2x {queue:.0f}%, "
-        f"jain>={JAIN_GOOD:g} {fair:.0f}% of multi-client"
+        f"jain>={JAIN_GOOD:g} {fair:.0f}% of multi-client{unscored}"
     )
 
 
@@ -351,6 +364,7 @@ class FuzzResult:
     rows: list[dict[str, Any]]
     lines: list[str]  # one fuzz line per policy, the default policy's last
     written: list[Path]
+    unscored: dict[str, str] = field(default_factory=dict)  # draw -> why the lab could not score it
 
 
 def _line_order(policies: Sequence[str], default: str) -> list[str]:
@@ -394,7 +408,7 @@ def run_fuzz(
     worst = worst_rows(rows, judged)
     written.append(write_markdown(worst, out / "worst.md", WORST_COLUMNS))
     lines = [fuzz_line(rows, p) for p in _line_order(policies, default_policy)]
-    return FuzzResult(rows=rows, lines=lines, written=[*written, folder])
+    return FuzzResult(rows=rows, lines=lines, written=[*written, folder], unscored=study.unscored)
 
 
 def worst_table(result: FuzzResult, policy: str, count: int = 10) -> str:

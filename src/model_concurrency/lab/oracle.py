@@ -17,11 +17,12 @@ never binds, the budget changes nothing.
 
 A fleet of identical replicas behind a balancer is swept one replica at a time: the oracle sweeps one replica (its
 engines and its API server) under the replica's share of the background traffic and of the concurrency cap, and
-multiplies concurrencies and throughputs by the replica count (:func:`per_replica_sweeps` says when that holds).
-For ``fleet-1000`` (16 replicas × 4 engines) that is a sixteenth of the simulated requests; one engine × 64 was
-within 0.4 % of the whole fleet's peak and 1 % of its knee (docs/scale-out.md). A lost replica, added engines, a
-background change or a rate limit keep the full sweep of each phase. The stored sweep is what it says (one
-replica's, keyed like any one-replica scenario), so no cached entry changed meaning.
+multiplies concurrencies and throughputs by the replica count (:func:`per_replica_sweeps` says when that holds). For
+``fleet-1000`` (16 replicas × 4 engines) that is a sixteenth of the simulated requests; one engine × 64 was within
+0.4 % of the whole fleet's peak and 1 % of its knee (docs/scale-out.md). A lost replica, added engines, a background
+change or a rate limit keep the full sweep of each phase. Replicas that became unequal (engines added or removed
+while one was down) are swept one shape at a time, and the fleet's knee and peak are their sums. The stored sweep is
+what it says (one replica's, keyed like any one-replica scenario), so no cached entry changed meaning.
 
 Sweeps are deterministic (fixed seeds, common random numbers across concurrency levels), so their results are
 cached on disk, keyed by everything that can change them; a scaled-down scenario reuses its full-size sweep. The
@@ -45,7 +46,7 @@ from typing import Any
 from model_concurrency import knobs
 from model_concurrency.knobs import setting
 from model_concurrency.lab.run import simulate
-from model_concurrency.lab.scenario import Background, Clients, Fleet, Scenario
+from model_concurrency.lab.scenario import Background, Clients, Fleet, RateLimit, Scenario
 from model_concurrency.lab.trace import Trace, load_trace, save_trace
 from model_concurrency.lab.world import Phase, phases, preset_for
 
@@ -106,6 +107,15 @@ def _phase_scenario(scenario: Scenario, phase: Phase, background_rps: float) -> 
             prompt_tokens=scenario.background.prompt_tokens,
             output_tokens=scenario.background.output_tokens,
         ),
+    )
+
+
+def _scaled_limit(limit: RateLimit, share: float) -> RateLimit:
+    rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+    return dataclasses.replace(
+        limit,
+        requests_per_minute=None if rpm is None else rpm * share,
+        tokens_per_minute=None if tpm is None else tpm * share,
     )
 
 
@@ -224,6 +234,8 @@ class Oracle:
     def sweep(self, phase: Phase, background_rps: float | None = None) -> Sweep:
         rps = self.resolved_background(phase) if background_rps is None else background_rps
         replicas = len(phase.engines)
+        if len(set(phase.engines)) > 1:
+            return self._sweep_shapes(phase, rps)
         if self.per_replica and replicas > 1:
             # One replica with its share of the background, its share of the cap; the fleet is R of them.
             one = Phase(phase.engines[:1])
@@ -233,6 +245,27 @@ class Oracle:
             return Sweep(tuple(c * replicas for c in swept.concurrency), tuple(t * replicas for t in swept.throughput))
         sc = _phase_scenario(self.scenario, phase, rps)
         return _sweep_cached(_key(sc, rps, self.cap), sc, self.cap)
+
+    def _sweep_shapes(self, phase: Phase, rps: float) -> Sweep:
+        """A fleet of unequal replicas (engines changed while one was down): each distinct replica shape is swept
+        alone, under its share of the background (in proportion to its engines) and of the cap, and the fleet's
+        knee and peak are the sums over its replicas. That is the fleet a capacity-aware balancer would make of
+        them; behind a round-robin balancer the small replica saturates first, so a policy can only do worse than
+        this oracle there, never better."""
+        total = sum(phase.engines)
+        knee = peak = 0.0
+        for engines in sorted(set(phase.engines)):
+            count = phase.engines.count(engines)
+            one = Phase((engines,))
+            share = rps * engines / total
+            sc = _phase_scenario(self.scenario, one, share)
+            if sc.rate_limit.active:  # the fan-out's one limit, shared in the same proportion
+                sc = dataclasses.replace(sc, rate_limit=_scaled_limit(sc.rate_limit, engines / total))
+            cap = max(1, round(self.cap * engines / total))
+            swept = _sweep_cached(_key(sc, share, cap), sc, cap)
+            knee += count * swept.knee
+            peak += count * swept.peak
+        return Sweep((round(knee),), (peak,))
 
     def resolved_background(self, phase: Phase) -> float:
         if phase.background_fraction is None:
