@@ -137,3 +137,29 @@ def test_the_static_view_is_limited_by_nothing_it_decided() -> None:
     register_model("dec-static", base_url=None, max_parallel_calls=3)
     util = get_utilization("dec-static")
     assert util["limited_by"] is None and util["last_decision"] is None
+
+
+def test_the_reasons_read_by_the_command_line_have_meanings() -> None:
+    from model_concurrency.decision import MEANINGS, NEVER_READ, OFF, explain_limit, outage_limit, static_limit
+
+    assert set(MEANINGS) == set(LIMITS) and {NEVER_READ, OFF} <= set(LIMITS)
+    assert (outage_limit(True, "guard"), outage_limit(True, "floor")) == ("guard", "floor")
+    assert (outage_limit(False, "guard"), outage_limit(False, "floor")) == (NEVER_READ, NEVER_READ)
+    assert (static_limit(True), static_limit(False)) == (None, OFF)
+    assert explain_limit(None) == "nothing (growing freely)"
+    assert explain_limit(OFF) == "off (adaptive control is off (KG_ADAPTIVE_CONCURRENCY): pinned at the floor)"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ControllerCore._fail returns 'guard'/'floor' for every outage; it needs "
+    "outage_limit(self.last_snapshot is not None, ...) around both",
+)
+def test_an_outage_before_any_page_was_read_says_so() -> None:
+    from model_concurrency.decision import NEVER_READ
+
+    core = ControllerCore(policy=Constant(40), floor=4, ceiling=64, grace_polls=1)
+    first = core.decide(Observation(ok=False, time=1.0), "ConnectError")
+    second = core.decide(Observation(ok=False, time=2.0), "ConnectError")
+    assert (first.target, first.limited_by) == (4, NEVER_READ)
+    assert (second.target, second.limited_by) == (4, NEVER_READ)

@@ -188,3 +188,31 @@ def test_an_outage_shows_its_reason_and_age_until_a_call_gets_through(clock: Fak
     with slot("out"):  # the probe: the hold lets one call through once its backoff has passed on this clock
         pass
     assert (get_utilization("out")["outage"], get_utilization("out")["outage_s"]) == (None, None)
+
+
+def test_a_page_never_read_is_not_called_a_held_target(caplog: pytest.LogCaptureFixture) -> None:
+    """Failed polls before any page was read: the line names the URL and says the target stays at the floor (there
+    is no last good target to hold); once a page was read, the usual grace line, with the URL."""
+    from model_concurrency.health import HealthWatch
+    from model_concurrency.observation import EngineSnapshot, Observation
+
+    url = "http://127.0.0.1:9/metrics"
+    watch = HealthWatch("nr", url=url)
+    failed = Observation(ok=False, time=1.0)
+    with caplog.at_level(logging.INFO, "model_concurrency"):
+        first = watch.judge(fallback="grace", obs=failed, limit=4, target=4, snapshot=None, previous=None, failures=1)
+        floor = watch.judge(fallback="floor", obs=failed, limit=4, target=4, snapshot=None, previous=None, failures=4)
+        good = watch.judge(
+            fallback=None, obs=Observation(time=2.0), limit=4, target=4, snapshot=EngineSnapshot(), previous=None
+        )
+        again = watch.judge(fallback="grace", obs=failed, limit=4, target=4, snapshot=None, previous=None, failures=1)
+    assert (first.metrics_never_read, floor.metrics_never_read) == (True, True)
+    assert (good.metrics_never_read, again.metrics_never_read) == (False, False)
+    assert lines_of(caplog, "nr", logging.WARNING) == [
+        "model nr: metrics poll failed (no snapshot); 1 consecutive, target 4: the metrics page "
+        f"{url} has never answered, so the target stays at the floor until it does",
+        "model nr: metrics poll failed (no snapshot); 4 consecutive, target 4: the metrics page "
+        f"{url} has still never answered: the target stays at the floor until it does",
+        "model nr: metrics poll failed (no snapshot); 1 consecutive, target 4: holding the last good target "
+        f"through the grace polls ({url})",
+    ]

@@ -15,7 +15,15 @@ it is: the ``-v`` log line, ``get_utilization(...)["limited_by"]`` and ``["last_
 * ``app-limited``: this process did not fill the window it had (peak in flight below 0.8 × the target), so
   there was nothing to learn by growing;
 * ``throttled``: calls came back 429/503, and the target was cut to, or capped at, what the server allowed;
-* ``floor``: the fail-safe: signals lost and the client's own calls in trouble (or the hand-over off).
+* ``floor``: the fail-safe: signals lost and the client's own calls in trouble (or the hand-over off);
+* ``metrics-never-read``: the metrics page has not answered a single poll since the model's runtime started, so
+  no policy has ever decided and the target stays at the floor, through the grace polls and after them (once the
+  page has answered before, the same polls read ``guard`` or ``floor``: a last good target exists to hold, and
+  the client's calls have a latency baseline to be judged by); :func:`outage_limit` tells them apart;
+* ``off``: ``KG_ADAPTIVE_CONCURRENCY`` is off, so nothing is polled and the limit is pinned at the floor; no
+  decision is made, so this is the static view's reason (:func:`static_limit`), never a :class:`Decision`'s.
+
+:data:`MEANINGS` holds the same, one sentence each, for what a command prints beside the reason.
 
 The classification reads only the Observation and the figures of the step; it never changes a decision.
 """
@@ -26,9 +34,34 @@ from dataclasses import dataclass
 
 from model_concurrency.observation import Observation
 
-__all__ = ["LIMITS", "Decision", "describe_observation", "limited_by_policy"]
+__all__ = [
+    "LIMITS",
+    "MEANINGS",
+    "NEVER_READ",
+    "OFF",
+    "Decision",
+    "describe_observation",
+    "explain_limit",
+    "limited_by_policy",
+    "outage_limit",
+    "static_limit",
+]
 
-LIMITS = ("ceiling", "guard", "saturation", "app-limited", "throttled", "floor")
+NEVER_READ = "metrics-never-read"
+OFF = "off"
+# New reasons go at the end: the exported gauge carries one label per reason, and dashboards key on them.
+LIMITS = ("ceiling", "guard", "saturation", "app-limited", "throttled", "floor", NEVER_READ, OFF)
+MEANINGS: dict[str, str] = {
+    "ceiling": "the policy asked for at least the ceiling (MODEL_MAX_CONCURRENCY)",
+    "guard": "the growth guard capped growth that bought no completions, or the target is held through a "
+    "metrics outage",
+    "saturation": "the engine is full (requests waiting for capacity, preemptions, or the policy's knee)",
+    "app-limited": "this process did not fill the window it had",
+    "throttled": "calls came back 429/503; the target is cut to, or capped at, what the server allowed",
+    "floor": "the fail-safe: metrics lost and this process's own calls in trouble",
+    NEVER_READ: "the metrics page has never answered a poll: the target stays at the floor until it does",
+    OFF: "adaptive control is off (KG_ADAPTIVE_CONCURRENCY): pinned at the floor",
+}
 # A window used below this share of the target at its fullest moment was not filled (policies/_common.app_limited).
 NEAR_FULL = 0.8
 
@@ -41,7 +74,7 @@ class Decision:
     previous: int
     target: int
     rule: str  # the rule that fired, in words ("policy", "growth guard", "grace 1/3", "throttle cut", ...)
-    limited_by: str | None  # one of LIMITS, or None while growing freely
+    limited_by: str | None  # one of LIMITS (never OFF: no decision is made then), or None while growing freely
     # The figures behind it: the poll's Observation (formatted only when read: the lab makes millions of these),
     # or a sentence for a decision between polls.
     basis: Observation | str
@@ -70,6 +103,30 @@ def limited_by_policy(obs: Observation, before: float) -> str:
     if obs.inflight_peak < NEAR_FULL * before:
         return "app-limited"
     return "saturation"
+
+
+def outage_limit(read_once: bool, limit: str) -> str:
+    """What holds the target through a failed poll: ``limit`` (``guard`` or ``floor``) once the page has been read.
+
+    Before any poll was read there is no last good target to hold and no latency baseline to judge the calls by:
+    the target is the floor the runtime started at whatever the outage rule says, and a user reading ``guard`` or
+    ``floor`` would look for a guard that never acted or calls in trouble instead of at the metrics URL."""
+    return limit if read_once else NEVER_READ
+
+
+def static_limit(adaptive_flag: bool) -> str | None:
+    """The reason of a static view (no controller applies): ``off`` when the flag switched the control off.
+
+    Otherwise a static model (no metrics URL, or not registered) is held by nothing that decided: None."""
+    return None if adaptive_flag else OFF
+
+
+def explain_limit(limit: str | None) -> str:
+    """``limit`` with its meaning, as the command line prints it; None is a target growing freely."""
+    if limit is None:
+        return "nothing (growing freely)"
+    meaning = MEANINGS.get(limit)
+    return f"{limit} ({meaning})" if meaning else limit
 
 
 def describe_observation(obs: Observation) -> str:

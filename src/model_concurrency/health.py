@@ -18,6 +18,9 @@ published :class:`~model_concurrency.state.RuntimeState` (so of ``get_utilizatio
   application sets the concurrency (the adaptive part is inert; ``limited_by`` says ``app-limited``).
 * ``counter_resets``: how many times a counter of the page went backwards (an engine restart). The observation
   already counts from zero after one (observation.py); this makes it visible. Each reset is one line.
+* ``metrics_never_read``: a fallback is in use and the page has never answered since the runtime started. "Holding
+  the last good target" would then be false (there is none: the target is the floor it started at), and the
+  usual cause is a wrong metrics URL, not an outage; the warning says so and names the URL when it is known.
 
 The judge is pure (no I/O, no clock): the runtime hands it each poll's figures.
 """
@@ -54,6 +57,7 @@ class Health:
     signal_stale: bool = False
     limit_unreached: bool = False
     counter_resets: int = 0
+    metrics_never_read: bool = False
 
 
 def counters_went_back(snapshot: EngineSnapshot, previous: EngineSnapshot | None) -> list[str]:
@@ -87,6 +91,11 @@ class HealthWatch:
     unreached_polls: int = 0
     # Judge without a line (a runtime that publishes nothing: the lab's thousands of simulated clients).
     quiet: bool = False
+    # The page polled (the source's description), named in the warnings: a URL that never answered is most often
+    # a wrong one, and the user has to see which. None: the lines name no URL.
+    url: str | None = None
+    # Whether any poll has read the page since this watch started.
+    read_once: bool = False
 
     def judge(
         self,
@@ -105,6 +114,7 @@ class HealthWatch:
         last one's ``reason``. Returns the new state, logging what changed."""
         resets = self.health.counter_resets
         if snapshot is not None:
+            self.read_once = True
             back = counters_went_back(snapshot, previous)
             if back:
                 resets += 1
@@ -122,6 +132,7 @@ class HealthWatch:
             signal_stale=self.frozen_polls >= STALE_POLLS if snapshot is not None else self.health.signal_stale,
             limit_unreached=self.unreached_polls >= UNREACHED_POLLS,
             counter_resets=resets,
+            metrics_never_read=fallback is not None and not self.read_once,
         )
         self._say(new, limit, target, failures, reason)
         self.health = new
@@ -135,11 +146,7 @@ class HealthWatch:
             if new.fallback is None:
                 log.info("model %s: metrics back; the policy decides again (target %d)", name, target)
             else:
-                what = {
-                    "grace": "holding the last good target through the grace polls",
-                    "handover": "after the grace: held while this process's calls look healthy (the hand-over)",
-                    "floor": "the fail-safe floor until the signals return",
-                }[new.fallback]
+                what = self._fallback_words(new.fallback, new.metrics_never_read)
                 log.warning(
                     "model %s: metrics poll failed (%s); %d consecutive, target %d: %s",
                     name,
@@ -164,6 +171,21 @@ class HealthWatch:
             (limit, self.unreached_polls),
             "in flight reaches the limit again",
         )
+
+    def _fallback_words(self, fallback: str, never_read: bool) -> str:
+        """What the target does in ``fallback``, true to whether there is a last good target to hold."""
+        page = f"the metrics page {self.url}" if self.url else "the metrics page"
+        if never_read:
+            # After the grace a page never read always meets "no latency baseline" (guard.py): the floor, which
+            # is where the target has been from the start.
+            first = "has never answered, so" if fallback == "grace" else "has still never answered:"
+            return f"{page} {first} the target stays at the floor until it does"
+        where = f" ({self.url})" if self.url else ""
+        return {
+            "grace": "holding the last good target through the grace polls",
+            "handover": "after the grace: held while this process's calls look healthy (the hand-over)",
+            "floor": "the fail-safe floor until the signals return",
+        }[fallback] + where
 
 
 def _edge(name: str, flag: tuple[bool, bool], raised: str, args: tuple[object, ...], cleared: str) -> None:

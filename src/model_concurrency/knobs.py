@@ -99,7 +99,10 @@ MAX_OUTAGE_S = _knob(
 EXPORT = _knob(
     "MODEL_CONCURRENCY_EXPORT",
     "",
-    "publish this process's metrics for `watch --job`: HOST:PORT (an HTTP page) or a file path (rewritten each poll)",
+    # The file's period is export.FILE_EVERY_S (export imports this module, so it is written out here; a test
+    # checks the two agree).
+    "publish this process's metrics for `watch --job`: HOST:PORT (an HTTP page) or a file path (rewritten every "
+    "0.5 s, between polls too)",
 )
 CACHE = _knob(
     "MODEL_CONCURRENCY_CACHE", "", "the lab's oracle cache folder (default: $XDG_CACHE_HOME/model_concurrency)", "lab"

@@ -1,21 +1,25 @@
-"""Live subcommands: ``emulate`` (a vLLM emulator), ``run`` (an adaptive embedding fan-out), ``watch`` (a table).
+"""Live subcommands: ``emulate`` (a vLLM emulator), ``run`` (an adaptive fan-out), ``watch`` (a table).
 
 (Over 400 lines: three subcommands and their argument parsers; each is short, and they share the HTTP and output
 helpers.)
 
 They exist so every live path can be exercised without a GPU: ``emulate`` serves vLLM's API and ``/metrics`` from
-the engine model, ``run`` drives real HTTP through ``map_concurrent`` and the adaptive controller and shows how
-the target moved, and ``watch`` shows what each registered model's controller sees, refreshed every poll.
-starlette, uvicorn, rich and tqdm are imported inside the handlers.
+the engine model, ``run`` drives real HTTP (embeddings, completions or chat) through ``map_concurrent`` and the
+adaptive controller and shows how the target moved, and ``watch`` shows what each registered model's controller
+sees, refreshed every poll. starlette, uvicorn, rich and tqdm are imported inside the handlers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from model_concurrency.config import ModelSpec
 
 __all__ = ["register"]
 
@@ -84,16 +88,49 @@ def register(subparsers: Any) -> None:
     r = _subcommand(
         subparsers,
         run,
-        help="embed N synthetic inputs through map_concurrent with the adaptive target",
-        description="Embed --items synthetic texts against a live OpenAI-compatible server (a vLLM, or "
+        help="send N synthetic requests (embeddings, completions or chat) through map_concurrent",
+        description="Send --items synthetic requests to a live OpenAI-compatible server (a vLLM, or "
         "`model-concurrency emulate`) through map_concurrent, with the controller sizing the fan-out from the "
-        "server's /metrics; then print the throughput and the path the target took.",
+        "server's /metrics; then print the throughput and the path the target took. The model's registration "
+        "comes from MODEL_CONCURRENCY_CONFIG when that file has a [models.MODEL] table; --base-url, "
+        "--metrics-url, --served-model-name and --floor, when given, override its fields. Without such a table "
+        "the registration is the flags' own (then --base-url is required).",
     )
     r.add_argument("--model", required=True, help="registry name for the model (e.g. bge-m3)")
-    r.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    r.add_argument("--items", type=int, default=5000, help="number of synthetic inputs to embed (default 5000)")
-    r.add_argument("--served-model-name", help="default: the first id GET {base-url}/models lists")
-    r.add_argument("--floor", type=int, default=4, help="static capacity: the target never goes below it")
+    r.add_argument(
+        "--base-url",
+        help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (required unless MODEL_CONCURRENCY_CONFIG "
+        "registers --model with a base_url; overrides it when given)",
+    )
+    r.add_argument(
+        "--endpoint",
+        choices=tuple(ENDPOINTS),
+        default="embeddings",
+        help="the API each item calls: embeddings (POST {base-url}/embeddings with input), completions (POST "
+        "{base-url}/completions with prompt and max_tokens) or chat (POST {base-url}/chat/completions with one "
+        "user message and max_tokens); an embedding model serves only the first, a chat model the other two "
+        "(default: embeddings)",
+    )
+    r.add_argument("--items", type=int, default=5000, help="number of synthetic requests to send (default 5000)")
+    r.add_argument(
+        "--served-model-name",
+        help="the model name sent in each request (default: the config file's served_model_name, else the first "
+        "id GET {base-url}/models lists)",
+    )
+    r.add_argument(
+        "--metrics-url",
+        help="the engine's Prometheus page (default: the config file's metrics_url, else {base-url} with /v1 "
+        "replaced by /metrics, as vLLM serves it)",
+    )
+    r.add_argument(
+        "--floor",
+        type=int,
+        help="static capacity: the target never goes below it (default: the config file's parallel_instances x "
+        "max_parallel_calls, else 4)",
+    )
+    r.add_argument(
+        "--max-tokens", type=int, default=16, help="max_tokens of each completions or chat request (default 16)"
+    )
     r.add_argument("--input-chars", type=int, default=32, help="characters per synthetic input")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument(
@@ -167,12 +204,12 @@ def check_base_url(base_url: str) -> str:
     return str(url).rstrip("/")
 
 
-def served_name_from(base_url: str) -> str:
+def served_name_from(base_url: str, headers: dict[str, str] | None = None) -> str:
     """The first model id the server lists (vLLM serves one), so ``--served-model-name`` is rarely needed."""
     import httpx
 
     url = f"{base_url.rstrip('/')}/models"
-    response = httpx.get(url, timeout=10)
+    response = httpx.get(url, timeout=10, headers=headers)
     response.raise_for_status()
     try:
         data = response.json().get("data") or []
@@ -201,36 +238,178 @@ def compress_path(samples: list[tuple[float, int]], limit: int = 24) -> list[tup
     return [changes[round(i * step)] for i in range(limit)]
 
 
-def run(args: argparse.Namespace) -> int:
-    from model_concurrency import hooks
-    from model_concurrency.config import register_model
+# What each --endpoint sends: the path under the base URL, and the shape its answer must have.
+ENDPOINTS = {"embeddings": "/embeddings", "completions": "/completions", "chat": "/chat/completions"}
+DEFAULT_FLOOR = 4
 
-    if args.items < 1 or args.floor < 1:
-        raise ValueError("--items and --floor must be >= 1")
-    base_url = check_base_url(args.base_url)
-    served = args.served_model_name or served_name_from(base_url)
-    register_model(args.model, base_url=base_url, served_model_name=served, max_parallel_calls=args.floor)
+
+def request_body(endpoint: str, served: str, text: str, max_tokens: int, priority: int | None) -> dict[str, Any]:
+    """The smallest valid OpenAI request of ``endpoint`` for one synthetic input.
+
+    ``priority`` (the registration's, vLLM's per-request field) rides only on generation: the engine schedules
+    those by it, and an engine without the priority policy rejects a non-zero one, so it is sent only when the
+    registration asks."""
+    if endpoint == "embeddings":
+        return {"model": served, "input": text}
+    body: dict[str, Any] = {"model": served, "max_tokens": max_tokens}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    if priority is not None:
+        body["priority"] = priority
+    return body
+
+
+def answer_tokens(endpoint: str, payload: Any) -> int:
+    """The tokens an answer of ``endpoint`` reports, or a ValueError when it is not that endpoint's shape (a
+    wrong --endpoint for the model, or a base URL that is not an OpenAI API)."""
+    try:
+        if endpoint == "embeddings":
+            _ = payload["data"][0]["embedding"]
+            return int(payload["usage"]["prompt_tokens"])
+        choice = payload["choices"][0]
+        _ = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+        return int(payload["usage"]["total_tokens"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError(f"the server did not answer an OpenAI {endpoint} response") from None
+
+
+def load_models_file(path: str, label: str) -> list[ModelSpec]:
+    """``config.load_config``, with any error naming the file (as ``label`` says it: ``--config PATH`` or
+    ``MODEL_CONCURRENCY_CONFIG=PATH``) and, when one entry is at fault, the model."""
+    import tomllib
+
+    from model_concurrency import config
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{label}: not valid TOML: {exc}") from None
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"{label}: no models; expected [models.NAME] tables with base_url = ...")
+    for name, table in models.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"{label}: models.{name} must be a table ([models.{name}])")
+        for key in ("base_url", "metrics_url", "prometheus_url", "served_model_name", "api_key_env", "policy"):
+            if key in table and not isinstance(table[key], str):
+                raise ValueError(f"{label}: model {name!r}: {key} = {table[key]!r}: expected a string")
+        try:
+            config.spec_from_table(name, table)
+        except (ValueError, TypeError, AttributeError) as exc:
+            reason = str(exc).removeprefix(f"model {name!r}: ")
+            raise ValueError(f"{label}: model {name!r}: {reason}") from None
+    try:
+        return config.load_config(path)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{label}: {exc}") from None
+
+
+def run_registration(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The model's registration for ``run`` (register_model's keywords) and one line saying where it came from.
+
+    A job configured by MODEL_CONCURRENCY_CONFIG must be tried with that configuration (its metrics URL, its
+    floor, its key, its policy): a registration rebuilt from the flags alone would replace it without a word.
+    So the file's table is the base, and only the flags given explicitly override its fields."""
+    from model_concurrency import config
+
+    path = config.setting(*config.CONFIG_PATH).strip()
+    from_file: ModelSpec | None = None
+    if path:
+        label = f"{config.CONFIG_PATH[0]}={path}"
+        from_file = next((s for s in load_models_file(path, label) if s.name == args.model), None)
+    fields: dict[str, Any] = {}
+    if from_file is not None:
+        fields = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(from_file) if f.name != "name"}
+    given = []
+    for flag, key in (("--base-url", "base_url"), ("--metrics-url", "metrics_url")):
+        value = getattr(args, key)
+        if value is not None:
+            fields[key] = check_base_url(value) if key == "base_url" else value
+            given.append(flag)
+    if args.served_model_name is not None:
+        fields["served_model_name"] = args.served_model_name
+        given.append("--served-model-name")
+    if args.floor is not None:
+        fields["parallel_instances"], fields["max_parallel_calls"] = 1, args.floor
+        given.append("--floor")
+    elif from_file is None:
+        fields["max_parallel_calls"] = DEFAULT_FLOOR
+    if not fields.get("base_url"):
+        where = f"{config.CONFIG_PATH[0]}={path} has no base_url for it" if from_file is not None else "none given"
+        raise ValueError(f"--base-url is required for model {args.model!r} ({where})")
+    fields["base_url"] = check_base_url(fields["base_url"])
+    if from_file is not None:
+        override = f"; overridden on the command line: {', '.join(given)}" if given else ""
+        source = f"registration of {args.model}: {config.CONFIG_PATH[0]}={path}{override}"
+    elif path:
+        source = (
+            f"registration of {args.model}: the command line ({config.CONFIG_PATH[0]}={path} does not register "
+            f"{args.model})"
+        )
+    else:
+        source = f"registration of {args.model}: the command line"
+    return fields, source
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_concurrency import hooks, knobs
+    from model_concurrency.config import register_model
+    from model_concurrency.decision import NEVER_READ, explain_limit, static_limit
+    from model_concurrency.runtime import registered_runtimes
+
+    if args.items < 1 or (args.floor is not None and args.floor < 1) or args.max_tokens < 1:
+        raise ValueError("--items, --floor and --max-tokens must be >= 1")
+    fields, source = run_registration(args)
+    base_url = fields["base_url"]
+    headers = {"Authorization": f"Bearer {fields['api_key']}"} if fields.get("api_key") else {}
+    served = fields.get("served_model_name") or served_name_from(base_url, headers)
+    fields["served_model_name"] = served
+    spec = register_model(args.model, **fields)
+    print(source)
     if args.export:
         from model_concurrency import export
 
         print(f"publishing the job's metrics at {export.start(args.export)} (watch --job {args.export})")
     inputs = synthetic_inputs(args.items, args.input_chars)
     samples: list[tuple[float, int]] = []
-    outcome = asyncio.run(_fan_out(args, base_url, served, inputs, samples))
+    outcome = asyncio.run(_fan_out(args, base_url, served, headers, spec.priority, inputs, samples))
     elapsed, results = outcome
     util = hooks.get_utilization(args.model)
     path = compress_path(samples)
-    print(f"model {args.model} (served as {served}) at {base_url}: policy {util['policy']}")
+    print(
+        f"model {args.model} (served as {served}) at {base_url}: {args.endpoint}, policy {util['policy']}, "
+        f"metrics {util['metrics_url'] or 'none'}"
+    )
     print(f"{len(results)} items in {elapsed:.2f} s: {len(results) / elapsed:.1f} items/s")
     print(f"target: floor {util['floor']}, ceiling {util['ceiling']}, max {max(t for _, t in samples)}, "
           f"final {util['current_target']}")  # fmt: skip
     print("target path (s: target): " + ", ".join(f"{t:.1f}: {v}" for t, v in path))
-    print(f"limited by: {util['limited_by'] or 'nothing (growing freely)'}; last decision: {util['last_decision']}")
+    limit = util["limited_by"]
+    if not util["adaptive"]:
+        limit = limit or static_limit(bool(knobs.setting(*knobs.ADAPTIVE_FLAG)))
+    runtime = registered_runtimes().get(args.model)
+    never_read = runtime is not None and runtime.health.metrics_never_read
+    if never_read and limit in (None, "guard", "floor"):
+        limit = NEVER_READ  # the runtime's own reason once its core tells a never-read page from an outage
+    if never_read:
+        print(f"metrics: {util['metrics_url']} never answered ({util['last_error']}); the target stayed at the floor")
+    print(f"limited by: {explain_limit(limit)}; last decision: {util['last_decision'] or 'none'}")
     return 0
 
 
 async def _fan_out(
-    args: argparse.Namespace, base_url: str, served: str, inputs: list[str], samples: list[tuple[float, int]]
+    args: argparse.Namespace,
+    base_url: str,
+    served: str,
+    headers: dict[str, str],
+    priority: int | None,
+    inputs: list[str],
+    samples: list[tuple[float, int]],
 ) -> tuple[float, list[int]]:
     from model_concurrency import hooks, map_concurrent
     from model_concurrency.cli._output import progress_bar
@@ -238,33 +417,33 @@ async def _fan_out(
 
     start = 0.0
     done = 0
+    url = f"{base_url}{ENDPOINTS[args.endpoint]}"
 
     async def sample() -> None:
         while True:
             samples.append((time.monotonic() - start, int(hooks.get_utilization(args.model)["current_target"])))
             await asyncio.sleep(0.1)
 
-    desc = f"embed / {args.model}"
-    async with ShardedAsyncClient(connections=512, timeout=120) as client:
+    desc = f"{args.endpoint} / {args.model}"
+    async with ShardedAsyncClient(connections=512, timeout=120, headers=headers) as client:
         with progress_bar(len(inputs), desc, enabled=not args.quiet, unit="items") as update:
             start = time.monotonic()
 
-            async def embed(text: str) -> int:
+            async def call(text: str) -> int:
                 nonlocal done
-                response = await client.post(f"{base_url}/embeddings", json={"model": served, "input": text})
+                body = request_body(args.endpoint, served, text, args.max_tokens, priority)
+                response = await client.post(url, json=body)
                 response.raise_for_status()
                 done += 1
                 update(done)
                 try:
-                    return int(response.json()["usage"]["prompt_tokens"])
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(
-                        f"POST {base_url}/embeddings did not answer an OpenAI embedding response"
-                    ) from None
+                    return answer_tokens(args.endpoint, response.json())
+                except ValueError as exc:
+                    raise ValueError(f"POST {url}: {exc}") from None
 
             sampler = asyncio.ensure_future(sample())
             try:
-                results = await map_concurrent(inputs, embed, model=args.model)
+                results = await map_concurrent(inputs, call, model=args.model)
             finally:
                 sampler.cancel()
     elapsed = time.monotonic() - start
@@ -346,36 +525,8 @@ def render_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def load_watch_config(path: str) -> None:
-    """``config.load_config``, with any error naming the file and, when one entry is at fault, the model."""
-    import tomllib
-
-    from model_concurrency import config
-
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ValueError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
-    models = data.get("models")
-    if not isinstance(models, dict) or not models:
-        raise ValueError(f"--config {path}: no models; expected [models.NAME] tables with base_url = ...")
-    for name, table in models.items():
-        if not isinstance(table, dict):
-            raise ValueError(f"--config {path}: models.{name} must be a table ([models.{name}])")
-        for key in ("base_url", "metrics_url", "prometheus_url", "served_model_name", "api_key_env", "policy"):
-            if key in table and not isinstance(table[key], str):
-                raise ValueError(f"--config {path}: model {name!r}: {key} = {table[key]!r}: expected a string")
-        try:
-            config.spec_from_table(name, table)
-        except (ValueError, TypeError, AttributeError) as exc:
-            reason = str(exc).removeprefix(f"model {name!r}: ")
-            raise ValueError(f"--config {path}: model {name!r}: {reason}") from None
-    try:
-        config.load_config(path)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"--config {path}: {exc}") from None
+    """``config.load_config`` for ``watch --config``, with any error naming the file and the model at fault."""
+    load_models_file(path, f"--config {path}")
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -416,10 +567,10 @@ def watch_job(args: argparse.Namespace) -> int:
     """``watch --job``: the job's page, read every interval (cli/job.py renders it)."""
     from rich.live import Live
 
-    from model_concurrency.cli.job import job_page, job_rows, render_job_table
+    from model_concurrency.cli.job import job_age_s, job_page, job_rows, render_job_table
 
     def table() -> Any:
-        return render_job_table(job_rows(job_page(args.job)), args.job)
+        return render_job_table(job_rows(job_page(args.job)), args.job, job_age_s(args.job))
 
     first = table()
     console = wide_console(first)
