@@ -26,6 +26,9 @@ class Behaviour:
     trickle_bytes_per_s: float | None = None
     hang: bool = False
     render: Callable[[], bytes] | None = None  # a body made at each request (e.g. gauges that follow the client)
+    # SGLang's GET /v1/loads (JSON): None answers 404 there, as a server without the endpoint does, so a page
+    # rendered with side effects is rendered once per poll.
+    loads: Callable[[], bytes] | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,10 +46,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if b.delay_s:
             srv.stop_event.wait(b.delay_s)
-        body = b.render() if b.render is not None else b.body
+        status, headers = b.status, b.headers
+        if self.path.split("?")[0] == "/v1/loads":
+            body = b.loads() if b.loads is not None else b'{"detail":"Not Found"}'
+            status, headers = (200 if b.loads is not None else 404), {"Content-Type": "application/json"}
+        else:
+            body = b.render() if b.render is not None else b.body
         try:
-            self.send_response(b.status)
-            for k, v in b.headers.items():
+            self.send_response(status)
+            for k, v in headers.items():
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

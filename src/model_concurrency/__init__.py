@@ -23,7 +23,7 @@ from model_concurrency.hooks import (
     get_utilization,
     resolve_capacity,
 )
-from model_concurrency.observation import CallStats, EngineSnapshot, Observation
+from model_concurrency.observation import CallStats, EngineLimits, EngineSnapshot, Observation
 from model_concurrency.policies import AIMD, Policy
 from model_concurrency.runtime import ModelRuntime, reset_controllers, reset_runtimes
 from model_concurrency.signals import metrics_url_from_base
@@ -32,6 +32,7 @@ __all__ = [
     "AIMD",
     "CallStats",
     "ControllerCore",
+    "EngineLimits",
     "EngineSnapshot",
     "GateStats",
     "ModelRuntime",

@@ -105,6 +105,12 @@ class ModelSpec:
     # value than the interactive traffic it shares the engine with. (vLLM rejects a non-zero priority on an FCFS
     # engine, so set it only where the engine runs the priority policy.)
     priority: int | None = None
+    # The limits each engine behind the URL was started with (``vllm serve --max-num-seqs``,
+    # ``--max-num-batched-tokens``; SGLang's ``--max-running-requests``), per engine: ``parallel_instances`` is the
+    # engine count. No vLLM page states them, so a policy knows them only when the operator says so here; a stated
+    # figure wins over a page's (model_concurrency.limits), and a ``max_num_seqs`` the page contradicts is ignored.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
     @property
     def static_capacity(self) -> int:
@@ -157,6 +163,10 @@ def _make_spec(name: str, **kwargs: Any) -> ModelSpec:
     priority = kwargs.get("priority")
     if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
         raise ValueError(f"model {name!r}: priority must be an int, got {priority!r}")
+    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+        value = kwargs.get(knob)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"model {name!r}: {knob} must be a positive int (per engine), got {value!r}")
     kwargs["roles"] = tuple(kwargs.get("roles") or ())
     return ModelSpec(name=name, **kwargs)
 
@@ -174,8 +184,12 @@ def register_model(
     api_key: str | None = None,
     policy: str | Policy | None = None,
     priority: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> ModelSpec:
-    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use (:func:`registration`)."""
+    """Register (or replace) a model. Its runtime, if any, is rebuilt on next use (:func:`registration`).
+
+    ``max_num_seqs`` and ``max_num_batched_tokens``: what each engine was started with, if known (ModelSpec)."""
     spec = _make_spec(
         name,
         base_url=base_url,
@@ -188,6 +202,8 @@ def register_model(
         api_key=api_key,
         policy=policy,
         priority=priority,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
     with _lock:
         _explicit[name] = spec

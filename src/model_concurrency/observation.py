@@ -14,8 +14,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["CallStats", "EngineSnapshot", "Interval", "Observation", "counter_delta", "interval_between", "observe"]
+__all__ = [
+    "CallStats",
+    "EngineLimits",
+    "EngineSnapshot",
+    "Interval",
+    "Observation",
+    "counter_delta",
+    "interval_between",
+    "observe",
+]
 
 # ``(upper bound in seconds, cumulative count)`` pairs of a histogram, ending with ``(inf, count)``.
 Buckets = tuple[tuple[float, float], ...]
@@ -37,6 +47,42 @@ class Interval:
     started: float | None = None
     queue_time_sum_s: float | None = None
     queue_waits: Buckets | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLimits:
+    """What is known of the engines' own limits, in the units a policy compares with the snapshot's gauges.
+
+    ``running`` is summed over the engines a snapshot reads, so the limits it is compared with are too:
+
+    * ``max_num_seqs``: the sequence slots of all those engines together (vLLM's ``--max-num-seqs``, SGLang's
+      ``max_running_requests``, times the engines); ``running`` cannot exceed it;
+    * ``max_num_batched_tokens``: the token budget of **one engine's one step** (vLLM's
+      ``--max-num-batched-tokens``), not a total: it bounds how much prefill a step carries, whatever the
+      engine count, so adding engines does not change what one step can take;
+    * ``kv_cache_tokens``: the KV-cache tokens of all those engines together;
+    * ``kv_cache_max_concurrency``: requests of ``max_model_len`` tokens whose KV fits at once, all engines
+      together (vLLM from 0.24).
+
+    None: nobody said. ``source`` names, per known field, where it came from: ``"stated"`` (the operator's spec),
+    ``"sglang /v1/loads"``, ``"sglang /metrics"`` or ``"vllm cache_config_info"``. Treat it as read-only.
+    """
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    source: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The known limits and their sources, JSON-ready (``get_utilization(model)["limits"]``)."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "kv_cache_max_concurrency": self.kv_cache_max_concurrency,
+            "source": dict(self.source),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +119,9 @@ class EngineSnapshot:
     # no policy reads it, and it takes no part in equality (the simulated engine, whose snapshots are compared with
     # parsed pages, does not compute it). None when the source cannot tell engines apart (a PromQL sum).
     gateway_saturation: float | None = field(default=None, compare=False)
+    # The engines' limits the page (or a request beside it, SGLang's /v1/loads) states. Out of equality: the
+    # simulated engine's snapshot, compared with its parsed page, does not restate what its page's labels carry.
+    limits: EngineLimits | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +201,7 @@ class Observation:
     client_latency_min_s: float | None = None
     client_ok_latency_mean_s: float | None = None
     client_server_errors: int = 0
+    limits: EngineLimits | None = None
 
     def __post_init__(self) -> None:
         if self.inflight_peak < self.inflight:
@@ -226,12 +276,13 @@ def observe(
     inflight_peak: int = 0,
     inflight_mean: float | None = None,
     inflight_tokens: int | None = None,
+    limits: EngineLimits | None = None,
 ) -> Observation:
     """Combine a source's reading with this process's own view into an Observation.
 
     The interval is the one the source measured (``snapshot.interval``), else the one from ``previous`` (for a
     source that keeps no totals). ``snapshot=None`` is a failed poll: the Observation carries only the client's own
-    figures and ``ok=False``.
+    figures and ``ok=False``. ``limits``: the merged limits (the runtime's); without them, the snapshot's own.
     """
     calls = calls or CallStats()
     client = {
@@ -245,6 +296,7 @@ def observe(
         "client_latency_min_s": calls.latency_min_s,
         "client_ok_latency_mean_s": calls.ok_latency_mean_s,
         "client_server_errors": calls.server_errors,
+        "limits": limits if limits is not None or snapshot is None else snapshot.limits,
     }
     if snapshot is None:
         return Observation(ok=False, inflight=inflight, time=time, **client)  # type: ignore[arg-type]

@@ -31,14 +31,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from model_concurrency import config, export, telemetry
 from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.health import Health, HealthWatch, fallback_kind
-from model_concurrency.observation import CallStats, EngineSnapshot, counter_delta, observe
+from model_concurrency.limits import StatedLimits, StatedLimitsRule, merge_limits
+from model_concurrency.observation import CallStats, EngineLimits, EngineSnapshot, Observation, counter_delta, observe
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.policies.static import Static
@@ -93,11 +94,13 @@ def poll_step(
     now: float,
     snapshot: EngineSnapshot | None,
     reason: str | None = None,
+    limits: EngineLimits | None = None,
 ) -> int:
     """One poll: the snapshot (or None, failed for ``reason``) plus the interval's calls and usage, into the core.
 
     Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
-    measures is the decision production makes.
+    measures is the decision production makes. ``limits``: the engines' limits as the runtime merged them
+    (:mod:`model_concurrency.limits`); without them the Observation carries the snapshot's own.
     """
     failed = snapshot is None  # the client's own calls still go in: the guard judges an outage from them
     obs = observe(
@@ -109,6 +112,7 @@ def poll_step(
         inflight_tokens=None if failed else usage.units,
         time=now,
         calls=calls,
+        limits=limits,
     )
     if failed:
         return core.update(obs, reason or "no snapshot")
@@ -251,6 +255,7 @@ class ModelRuntime:
         settings: RuntimeSettings | None = None,
         publish: bool = True,
         poll_loop: asyncio.AbstractEventLoop | None = None,
+        stated_limits: StatedLimits | None = None,
     ) -> None:
         """``limiter``, ``settings`` and ``publish=False`` make a runtime whose caller owns the clock and the
         schedule (the lab's :class:`~model_concurrency.lab.client.SimClient`): its calls are counted in the
@@ -260,7 +265,11 @@ class ModelRuntime:
         ``poll_loop`` (with ``clock=poll_loop.time``): the scheduled poller is a task on that event loop instead
         of a thread. For a loop on virtual time (lab/virtual_loop.py): a thread's waits are real, so when its poll
         lands among the loop's callbacks would depend on how fast the machine runs; a task's waits are the loop's
-        timers, so every run makes the same polls at the same moments with the same calls in flight."""
+        timers, so every run makes the same polls at the same moments with the same calls in flight.
+
+        ``stated_limits``: the engines' limits as their operator states them, instead of the spec's
+        (``max_num_seqs``, ``max_num_batched_tokens`` over ``parallel_instances`` engines); the lab's clients, which
+        have no spec, are told them this way. Either way every poll merges them with the page's by one rule."""
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
         # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
@@ -293,6 +302,9 @@ class ModelRuntime:
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
         self._watch = HealthWatch(self.name, quiet=not publish)
         self.health = Health()
+        # The stated limits and the contradiction rule over them (limits.py): merged into every poll's Observation.
+        stated = stated_limits if stated_limits is not None else StatedLimits.from_spec(spec)
+        self.stated_limits = StatedLimitsRule(self.name, stated, quiet=not publish)
         self._refresh_knobs()
         # The limits every method here sets and reads: the gate's limiter, whose fronts acquire from it, or an
         # injected one (the lab's SimPy front-end, whose owner admits the calls). A runtime given its limits has
@@ -444,7 +456,17 @@ class ModelRuntime:
             outage=outage.reason if since is not None else None,
             outage_s=max(0.0, self.clock() - since) if since is not None else None,
             hold_backoff=self.limits.hold.factor,
+            limits=self._limits_view(obs),
         )
+
+    def _limits_view(self, obs: Observation | None) -> dict[str, Any] | None:
+        """The limits last merged into an Observation; before the first poll, the stated ones alone."""
+        if obs is not None:
+            known = obs.limits
+        else:
+            rule = self.stated_limits
+            known = merge_limits(rule.stated, None, None, seqs_ignored=rule.seqs_ignored)[0]
+        return known.as_dict() if known is not None else None
 
     def _refresh_knobs(self) -> None:
         fixed = self.settings
@@ -620,7 +642,11 @@ class ModelRuntime:
                     reason = f"{type(error).__name__}: {error}" if error is not None else (unavailable or "no snapshot")
                 previous, limit = self.core.last_snapshot, self.limits.limit
                 try:
-                    poll_step(self.core, calls, usage, now, snapshot, reason)
+                    known = self.stated_limits.merge(
+                        snapshot.limits if snapshot is not None else None,
+                        snapshot.running if snapshot is not None else None,
+                    )
+                    poll_step(self.core, calls, usage, now, snapshot, reason, known)
                 except Exception as exc:  # a bug in reading the page must cost one poll, never the caller's call
                     log.exception("model %s: the poll step failed", self.name)
                     snapshot, reason = None, f"poll step raised {type(exc).__name__}: {exc}"

@@ -65,6 +65,10 @@ class RuntimeState:
     # The Retry-After hold's backoff at the floor (gate/hold.py): 1 until refusals repeat there; above 1, each
     # refusal holds that many times the delay it names (the backoff adding at most up to 30 s).
     hold_backoff: float = 1.0
+    # What is known of the engines' limits (observation.EngineLimits.as_dict): ``max_num_seqs`` (sequence slots,
+    # all engines), ``max_num_batched_tokens`` (one engine's step), ``kv_cache_tokens`` (all engines),
+    # ``kv_cache_max_concurrency``, and ``source``: per known field, where it came from. None: nothing known.
+    limits: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""

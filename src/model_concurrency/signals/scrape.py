@@ -24,7 +24,15 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["ScrapeError", "ScrapeLimits", "afetch_text", "fetch_text", "metrics_url_from_base", "origin_of"]
+__all__ = [
+    "HttpStatusError",
+    "ScrapeError",
+    "ScrapeLimits",
+    "afetch_text",
+    "fetch_text",
+    "metrics_url_from_base",
+    "origin_of",
+]
 
 MAX_REDIRECTS = 3
 # What a network, TLS or protocol failure can surface as; each becomes a failed poll with its reason.
@@ -33,6 +41,15 @@ _TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, OSErr
 
 class ScrapeError(RuntimeError):
     """The metrics page could not be fetched within the limits; the poll counts as failed."""
+
+
+class HttpStatusError(ScrapeError):
+    """The endpoint answered with a status other than 200 (or a redirect): ``status`` says which, so a caller can
+    tell an endpoint the server does not have (404) from one that failed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +143,10 @@ def _redacted(message: str, secret: str | None) -> str:
     return message.replace(secret, "<redacted>") if secret else message
 
 
-def _headers(url: httpx.URL, token_origin: tuple[str, str, int | None] | None, api_key: str | None) -> dict[str, str]:
-    headers = {"Accept": "text/plain", "Accept-Encoding": "gzip, identity"}
+def _headers(
+    url: httpx.URL, token_origin: tuple[str, str, int | None] | None, api_key: str | None, accept: str = "text/plain"
+) -> dict[str, str]:
+    headers = {"Accept": accept, "Accept-Encoding": "gzip, identity"}
     if api_key and token_origin is not None and origin_of(url) == token_origin:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
@@ -143,7 +162,7 @@ def _next_url(response: httpx.Response, url: httpx.URL) -> httpx.URL | None:
             raise ScrapeError("metrics endpoint redirected to another origin; not followed")
         return target
     if response.status_code != 200:
-        raise ScrapeError(f"metrics endpoint answered HTTP {response.status_code}")
+        raise HttpStatusError(response.status_code, f"metrics endpoint answered HTTP {response.status_code}")
     return None
 
 
@@ -153,6 +172,7 @@ def fetch_text(
     api_key: str | None = None,
     token_origin: tuple[str, str, int | None] | None = None,
     limits: ScrapeLimits = ScrapeLimits(),
+    accept: str = "text/plain",
 ) -> str:
     """Blocking fetch, for threads without a running event loop. Raises :class:`ScrapeError`.
 
@@ -163,7 +183,9 @@ def fetch_text(
     """
     loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(afetch_text(url, api_key=api_key, token_origin=token_origin, limits=limits))
+        return loop.run_until_complete(
+            afetch_text(url, api_key=api_key, token_origin=token_origin, limits=limits, accept=accept)
+        )
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
@@ -180,8 +202,12 @@ async def afetch_text(
     api_key: str | None = None,
     token_origin: tuple[str, str, int | None] | None = None,
     limits: ScrapeLimits = ScrapeLimits(),
+    accept: str = "text/plain",
 ) -> str:
-    """Non-blocking fetch for event loops: timeout per operation, one deadline over the whole exchange."""
+    """Non-blocking fetch for event loops: timeout per operation, one deadline over the whole exchange.
+
+    ``accept``: the media type asked for (a JSON endpoint beside the page, SGLang's ``/v1/loads``, is read under
+    the same caps)."""
     if api_key is not None and has_control_characters(api_key):
         # Refused before any HTTP library sees it: their protocol errors and debug logs quote header values.
         raise ScrapeError("api_key contains control characters; not sent")
@@ -192,7 +218,9 @@ async def afetch_text(
         nonlocal current
         async with httpx.AsyncClient(timeout=limits.timeout_s, follow_redirects=False, trust_env=False) as client:
             for _ in range(MAX_REDIRECTS + 1):
-                async with client.stream("GET", current, headers=_headers(current, token_origin, api_key)) as resp:
+                async with client.stream(
+                    "GET", current, headers=_headers(current, token_origin, api_key, accept)
+                ) as resp:
                     nxt = _next_url(resp, current)
                     if nxt is None:
                         body = _Body(resp.headers.get("content-encoding", ""), limits, deadline)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from model_concurrency.observation import EngineSnapshot
+from model_concurrency.observation import EngineLimits, EngineSnapshot
 from model_concurrency.signals.saturation import EngineLoads
 from model_concurrency.signals.vllm import (
     MAX_PLAUSIBLE,
@@ -53,7 +53,11 @@ from model_concurrency.signals.vllm import (
     queue_buckets,
 )
 
-__all__ = ["SGLANG_RANK_LABELS", "parse_metrics_page", "parse_sglang_metrics"]
+__all__ = ["SGLANG", "SGLANG_RANK_LABELS", "VLLM", "parse_metrics_page", "parse_sglang_metrics", "read_metrics_page"]
+
+# Which engine's page a model was read from (read_metrics_page): a source asks SGLang's /v1/loads only of SGLang.
+SGLANG = "sglang"
+VLLM = "vllm"
 
 RUNNING = "sglang:num_running_reqs"
 QUEUE = "sglang:num_queue_reqs"
@@ -136,6 +140,10 @@ def parse_sglang_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         queue_time_count_total=total(QUEUE_COUNT),
         queue_time_buckets=queue_buckets(buckets),
         gateway_saturation=loads.score(),
+        # The pool is a limit too; SGLang's /v1/loads restates it beside max_running_requests (sglang_loads.py).
+        limits=EngineLimits(kv_cache_tokens=kv_tokens, source={"kv_cache_tokens": "sglang /metrics"})
+        if kv_tokens
+        else None,
     )
 
 
@@ -150,16 +158,21 @@ def _kv_usage(per: dict[str, dict[_Key, float]]) -> float | None:
 
 def parse_metrics_page(text: str, served_model_name: str) -> EngineSnapshot:
     """The model's snapshot from a vLLM or an SGLang page, whichever engine's series carry the model."""
+    return read_metrics_page(text, served_model_name)[0]
+
+
+def read_metrics_page(text: str, served_model_name: str) -> tuple[EngineSnapshot, str]:
+    """:func:`parse_metrics_page`, and which engine's page it was (:data:`SGLANG` or :data:`VLLM`)."""
     if _SGLANG_MARK not in text:
-        return parse_vllm_metrics(text, served_model_name)
+        return parse_vllm_metrics(text, served_model_name), VLLM
     try:
         snapshot = parse_sglang_metrics(text, served_model_name)
     except NotOnPage:
-        return parse_vllm_metrics(text, served_model_name)
+        return parse_vllm_metrics(text, served_model_name), VLLM
     if any(mark in text for mark in _VLLM_MARKS):
         try:
             parse_vllm_metrics(text, served_model_name)
         except MetricsError:
-            return snapshot
+            return snapshot, SGLANG
         raise MetricsError(f"model_name={served_model_name!r} appears both as sglang: and as vllm: series")
-    return snapshot
+    return snapshot, SGLANG

@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.signals.interval import IntervalMeter
 from model_concurrency.signals.scrape import ScrapeLimits, afetch_text, fetch_text, origin_of
-from model_concurrency.signals.sglang import parse_metrics_page
+from model_concurrency.signals.sglang import read_metrics_page
+from model_concurrency.signals.sglang_loads import LoadsReader
 
 __all__ = ["ClientOnlySource", "SignalSource", "VllmMetricsSource"]
 
@@ -33,7 +34,10 @@ class SignalSource(Protocol):
 @dataclass(slots=True)
 class VllmMetricsSource:
     """Scrapes a ``/metrics`` page and parses one served model out of it: a vLLM or an SGLang page, told apart by
-    the model's own series on each read (:func:`~model_concurrency.signals.sglang.parse_metrics_page`)."""
+    the model's own series on each read (:func:`~model_concurrency.signals.sglang.parse_metrics_page`).
+
+    Beside an SGLang page it asks ``/v1/loads`` once per read, for the limits SGLang states only there
+    (:mod:`~model_concurrency.signals.sglang_loads`; a 404 is remembered and never asked again)."""
 
     metrics_url: str
     served_model_name: str
@@ -42,6 +46,11 @@ class VllmMetricsSource:
     limits: ScrapeLimits = field(default_factory=ScrapeLimits)
     # The previous reading's totals: each snapshot read carries the interval since it (signals/interval.py).
     meter: IntervalMeter = field(default_factory=IntervalMeter, repr=False, compare=False)
+    loads: LoadsReader | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.loads is None:
+            self.loads = LoadsReader(self.metrics_url)
 
     @classmethod
     def for_model(
@@ -67,13 +76,23 @@ class VllmMetricsSource:
 
     def read(self) -> EngineSnapshot:
         text = fetch_text(self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits)
-        return self.meter.advance(parse_metrics_page(text, self.served_model_name))
+        snapshot, engine = read_metrics_page(text, self.served_model_name)
+        if self.loads is not None and self.loads.wanted(engine):
+            snapshot = self.loads.read(
+                snapshot, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
+            )
+        return self.meter.advance(snapshot)
 
     async def aread(self) -> EngineSnapshot:
         text = await afetch_text(
             self.metrics_url, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
         )
-        return self.meter.advance(parse_metrics_page(text, self.served_model_name))
+        snapshot, engine = read_metrics_page(text, self.served_model_name)
+        if self.loads is not None and self.loads.wanted(engine):
+            snapshot = await self.loads.aread(
+                snapshot, api_key=self.api_key, token_origin=self.token_origin, limits=self.limits
+            )
+        return self.meter.advance(snapshot)
 
 
 @dataclass(frozen=True, slots=True)

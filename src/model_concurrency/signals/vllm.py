@@ -27,11 +27,12 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from model_concurrency.observation import EngineSnapshot
+from model_concurrency.observation import EngineLimits, EngineSnapshot
 from model_concurrency.signals.saturation import EngineLoads
 
 __all__ = [
     "MAX_PLAUSIBLE",
+    "CacheLimits",
     "MetricsError",
     "accumulate",
     "add_cache_config",
@@ -141,6 +142,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
     buckets: dict[float, float] = {}  # queue-time histogram, summed over engines by bound
     forms: set[bool] = set()  # True for a Ray-form series of this model, False for a native one
     loads = EngineLoads(GATEWAY_SHARED_LABELS)
+    cache = CacheLimits()
     for raw_name, labels, value in _samples(text):
         name = vllm_name(raw_name)
         if name not in _WANTED and name != CACHE_CONFIG:
@@ -159,6 +161,7 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         seen.add(key)
         if name == CACHE_CONFIG:
             kv_blocks, kv_tokens = add_cache_config(labels, kv_blocks, kv_tokens)
+            cache.add(labels)
             continue
         if name in KV_USAGE:
             check_plausible(name, value, upper=1.0)
@@ -177,7 +180,57 @@ def parse_vllm_metrics(text: str, served_model_name: str) -> EngineSnapshot:
         raise MetricsError(f"no {RUNNING} series for model_name={served_model_name!r}")
     prefer_total_counters(totals, bare)
     snapshot = snapshot_from_totals(totals, waiting_capacity, kv_usage, kv_blocks, kv_tokens, buckets)
-    return replace(snapshot, gateway_saturation=loads.score())
+    return replace(snapshot, gateway_saturation=loads.score(), limits=cache.limits())
+
+
+# Above this a KV pool's token count is a broken label, not a GPU (ten billion tokens).
+_MAX_KV_TOKENS = 10**10
+CACHE_SOURCE = "vllm cache_config_info"
+
+
+def _label_count(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() and int(value) <= _MAX_KV_TOKENS else None
+
+
+def _label_ratio(value: str | None) -> float | None:
+    try:
+        ratio = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return ratio if math.isfinite(ratio) and 0 <= ratio <= MAX_PLAUSIBLE else None
+
+
+class CacheLimits:
+    """The KV limits ``cache_config_info`` states, summed over the engines (one series each).
+
+    ``kv_cache_size_tokens`` (vLLM 0.24 on) is the engine's own count, right for hybrid models, whose layers do
+    not all hold one block per ``block_size`` tokens; before it, ``num_gpu_blocks × block_size`` is the count. A
+    figure one engine leaves out is unknown for all: a partial sum would read as a smaller pool."""
+
+    __slots__ = ("concurrency", "engines", "tokens")
+
+    def __init__(self) -> None:
+        self.engines = 0
+        self.tokens: int | None = 0
+        self.concurrency: float | None = 0.0
+
+    def add(self, labels: dict[str, str]) -> None:
+        self.engines += 1
+        size = _label_count(labels.get("kv_cache_size_tokens"))
+        if size is None:
+            blocks, block = _label_count(labels.get("num_gpu_blocks")), _label_count(labels.get("block_size"))
+            size = blocks * block if blocks is not None and block is not None else None
+        self.tokens = None if size is None or self.tokens is None else self.tokens + size
+        fits = _label_ratio(labels.get("kv_cache_max_concurrency"))
+        self.concurrency = None if fits is None or self.concurrency is None else self.concurrency + fits
+
+    def limits(self) -> EngineLimits | None:
+        """The engines' KV limits, or None when no series stated any."""
+        if not self.engines or (self.tokens is None and self.concurrency is None):
+            return None
+        source = {name: CACHE_SOURCE for name, value in (("kv_cache_tokens", self.tokens),
+                  ("kv_cache_max_concurrency", self.concurrency)) if value is not None}  # fmt: skip
+        return EngineLimits(kv_cache_tokens=self.tokens, kv_cache_max_concurrency=self.concurrency, source=source)
 
 
 def add_queue_bucket(buckets: dict[float, float], labels: dict[str, str], value: float) -> None:
