@@ -12,8 +12,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from model_concurrency import EngineLimits
 from model_concurrency.config import load_config, register_model, spec_from_table
-from model_concurrency.limits import StatedLimits, StatedLimitsRule, merge_limits, merge_page_limits
 from model_concurrency.observation import EngineSnapshot, observe
+from model_concurrency.signals.limits import StatedLimits, StatedLimitsRule, merge_limits, merge_page_limits
 from model_concurrency.signals.sglang_loads import LoadsError, loads_url, parse_loads
 from model_concurrency.signals.vllm import parse_vllm_metrics
 

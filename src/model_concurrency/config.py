@@ -108,7 +108,7 @@ class ModelSpec:
     # The limits each engine behind the URL was started with (``vllm serve --max-num-seqs``,
     # ``--max-num-batched-tokens``; SGLang's ``--max-running-requests``), per engine: ``parallel_instances`` is the
     # engine count. No vLLM page states them, so a policy knows them only when the operator says so here; a stated
-    # figure wins over a page's (model_concurrency.limits), and a ``max_num_seqs`` the page contradicts is ignored.
+    # figure wins over a page's (signals/limits.py), and a ``max_num_seqs`` the page contradicts is ignored.
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
 

@@ -38,11 +38,11 @@ from model_concurrency._fork import reset_in_forked_child
 from model_concurrency.config import ModelSpec, get_model, setting
 from model_concurrency.controller import CallRecorder, ControllerCore
 from model_concurrency.health import Health, HealthWatch, fallback_kind
-from model_concurrency.limits import StatedLimits, StatedLimitsRule, merge_limits
 from model_concurrency.observation import CallStats, EngineLimits, EngineSnapshot, Observation, counter_delta, observe
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.policies.registry import load_policy
 from model_concurrency.policies.static import Static
+from model_concurrency.signals.limits import StatedLimits, StatedLimitsRule, merge_limits
 from model_concurrency.signals.prometheus_api import PrometheusSource
 from model_concurrency.signals.saturation import gateway_view
 from model_concurrency.signals.scrape import ScrapeLimits
@@ -100,7 +100,7 @@ def poll_step(
 
     Returns the bounded target. The live runtime and the lab's simulated clients both call this, so what the lab
     measures is the decision production makes. ``limits``: the engines' limits as the runtime merged them
-    (:mod:`model_concurrency.limits`); without them the Observation carries the snapshot's own.
+    (:mod:`model_concurrency.signals.limits`); without them the Observation carries the snapshot's own.
     """
     failed = snapshot is None  # the client's own calls still go in: the guard judges an outage from them
     obs = observe(
@@ -302,7 +302,7 @@ class ModelRuntime:
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
         self._watch = HealthWatch(self.name, quiet=not publish)
         self.health = Health()
-        # The stated limits and the contradiction rule over them (limits.py): merged into every poll's Observation.
+        # The stated limits and the contradiction rule (signals/limits.py), merged into every poll's Observation.
         stated = stated_limits if stated_limits is not None else StatedLimits.from_spec(spec)
         self.stated_limits = StatedLimitsRule(self.name, stated, quiet=not publish)
         self._refresh_knobs()

@@ -23,8 +23,8 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from model_concurrency.limits import merge_page_limits
 from model_concurrency.observation import EngineLimits, EngineSnapshot
+from model_concurrency.signals.limits import merge_page_limits
 from model_concurrency.signals.scrape import HttpStatusError, ScrapeError, ScrapeLimits, afetch_text, fetch_text
 from model_concurrency.signals.sglang import SGLANG
 from model_concurrency.signals.vllm import MAX_PLAUSIBLE

@@ -10,6 +10,9 @@ The rule, in one place (:func:`merge_limits`, pure): a stated figure wins over a
 stated. A stated ``max_num_seqs`` that the page contradicts (more requests running than the stated total allows)
 is wrong about this deployment: :class:`StatedLimitsRule` warns once and ignores it for the rest of the runtime's
 life, so one stale config line cannot keep feeding a policy a ceiling the engines already passed.
+
+It sits with the signal sources because a stated limit is one more reading of the engine (the operator's), merged
+before any policy sees it; the runtime applies the rule at each poll, the sources merge their own page readings.
 """
 
 from __future__ import annotations
