@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 from _shared import parse_args, print_target_path, report, server, texts
 
 from model_concurrency import map_concurrent, register_model
@@ -26,18 +25,15 @@ async def embed_all(base_url: str, served_name: str, items: list[str]) -> list[l
     async with ShardedAsyncClient(base_url=base_url, timeout=120, connections=1000) as client:
 
         async def embed_one(text: str) -> list[float]:
-            request = {"model": served_name, "input": text}
-            try:
-                response = await client.post("/embeddings", json=request)
-            except (httpx.ReadError, httpx.RemoteProtocolError):
-                # The server closed an idle keep-alive connection as this request went out on it (uvicorn's and
-                # vLLM's 5 s keep-alive race a reused connection); an embedding is safe to send again, once.
-                response = await client.post("/embeddings", json=request)
+            response = await client.post("/embeddings", json={"model": served_name, "input": text})
             response.raise_for_status()
             vector: list[float] = response.json()["data"][0]["embedding"]
             return vector
 
-        return await map_concurrent(items, embed_one, model="bge-m3")
+        # An embedding is idempotent, so a call refused (429/503) or dropped (the server closing an idle keep-alive
+        # connection as a request goes out on it: uvicorn's and vLLM's 5 s keep-alive race a reused connection) may
+        # be sent again: retries= does it with backoff, honouring Retry-After, and counts each attempt.
+        return await map_concurrent(items, embed_one, model="bge-m3", retries=2)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
