@@ -104,7 +104,14 @@ def test_a_server_that_is_not_openai(capsys: pytest.CaptureFixture[str]) -> None
 def test_run_rejects_zero_items(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(["run", "--model", "m", "--base-url", "http://127.0.0.1:1/v1", "--items", "0"], capsys)
     assert code == 2
-    assert error_line(err) == "--items and --floor must be >= 1"
+    assert error_line(err) == "--items must be >= 1, got 0"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--floor", "0"), ("--max-tokens", "-1")])
+def test_run_names_the_count_at_fault(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["run", "--model", "m", "--base-url", "http://127.0.0.1:1/v1", flag, value], capsys)
+    assert code == 2
+    assert error_line(err) == f"{flag} must be >= 1, got {value}"
 
 
 # ------------------------------------------------------------------------------------------------- scenarios

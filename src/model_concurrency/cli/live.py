@@ -1,7 +1,7 @@
 """Live subcommands: ``emulate`` (a vLLM emulator), ``run`` (an adaptive fan-out), ``watch`` (a table).
 
-(Over 400 lines: three subcommands and their argument parsers; each is short, and they share the HTTP and output
-helpers.)
+(Over 400 lines: three subcommands and their argument parsers, plus ``run``'s registration rule and request
+shapes; each is short, and they share the HTTP, output and config-file helpers.)
 
 They exist so every live path can be exercised without a GPU: ``emulate`` serves vLLM's API and ``/metrics`` from
 the engine model, ``run`` drives real HTTP (embeddings, completions or chat) through ``map_concurrent`` and the
@@ -362,8 +362,9 @@ def run(args: argparse.Namespace) -> int:
     from model_concurrency.decision import NEVER_READ, explain_limit, static_limit
     from model_concurrency.runtime import registered_runtimes
 
-    if args.items < 1 or (args.floor is not None and args.floor < 1) or args.max_tokens < 1:
-        raise ValueError("--items, --floor and --max-tokens must be >= 1")
+    for flag, value in (("--items", args.items), ("--floor", args.floor), ("--max-tokens", args.max_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     fields, source = run_registration(args)
     base_url = fields["base_url"]
     headers = {"Authorization": f"Bearer {fields['api_key']}"} if fields.get("api_key") else {}
