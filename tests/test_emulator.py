@@ -33,6 +33,13 @@ def emu() -> Iterator[RunningEmulator]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def llm() -> Iterator[RunningEmulator]:
+    """A generative model: the chat and completions endpoints are its (an embedding model refuses them)."""
+    with serve_in_thread(EmulatorConfig(preset="llama-8b-h100", max_num_seqs=64, time_scale=1.0)) as running:
+        yield running
+
+
 def test_embeddings_shape_and_determinism(emu: RunningEmulator) -> None:
     body = {"model": emu.model, "input": ["hello world", "a second, longer input of text"]}
     r = httpx.post(f"{emu.base_url}/embeddings", json=body)
@@ -57,10 +64,10 @@ def test_embeddings_shape_and_determinism(emu: RunningEmulator) -> None:
     assert tokens["usage"]["prompt_tokens"] == 5
 
 
-def test_completions_and_chat(emu: RunningEmulator) -> None:
+def test_completions_and_chat(llm: RunningEmulator) -> None:
     chat = httpx.post(
-        f"{emu.base_url}/chat/completions",
-        json={"model": emu.model, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3},
+        f"{llm.base_url}/chat/completions",
+        json={"model": llm.model, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3},
     ).json()
     assert chat["object"] == "chat.completion" and chat["id"].startswith("chatcmpl-")
     choice = chat["choices"][0]
@@ -69,7 +76,7 @@ def test_completions_and_chat(emu: RunningEmulator) -> None:
     assert chat["usage"]["completion_tokens"] == 3
     assert chat["usage"]["total_tokens"] == chat["usage"]["prompt_tokens"] + 3
 
-    text = httpx.post(f"{emu.base_url}/completions", json={"model": emu.model, "prompt": "Once upon"}).json()
+    text = httpx.post(f"{llm.base_url}/completions", json={"model": llm.model, "prompt": "Once upon"}).json()
     assert text["object"] == "text_completion" and text["choices"][0]["finish_reason"] == "stop"
     assert 8 <= text["usage"]["completion_tokens"] <= 64
     assert len(text["choices"][0]["text"].split()) == text["usage"]["completion_tokens"]
@@ -97,7 +104,7 @@ def test_models_health_and_metrics(emu: RunningEmulator) -> None:
         ("/embeddings", {"model": "BAAI/bge-m3", "input": "x", "dimensions": 0}, 400, "dimensions"),
         ("/embeddings", {"model": "BAAI/bge-m3", "input": "x" * 40_000}, 400, "input"),
         ("/embeddings", {"model": "nope", "input": "x"}, 404, "model"),
-        ("/chat/completions", {"model": "BAAI/bge-m3", "messages": []}, 400, "messages"),
+        ("/chat/completions", {"messages": []}, 400, "messages"),
         ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
         ("/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
         ("/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
@@ -106,9 +113,10 @@ def test_models_health_and_metrics(emu: RunningEmulator) -> None:
     ],
 )
 def test_errors_are_openai_json(
-    emu: RunningEmulator, path: str, body: dict[str, object], status: int, param: str
+    emu: RunningEmulator, llm: RunningEmulator, path: str, body: dict[str, object], status: int, param: str
 ) -> None:
-    r = httpx.post(f"{emu.base_url}{path}", json=body)
+    served = emu if path == "/embeddings" else llm  # each endpoint on a model that serves it
+    r = httpx.post(f"{served.base_url}{path}", json=body)
     assert r.status_code == status
     error = r.json()["error"]
     assert error["param"] == param and error["code"] == status and error["message"]

@@ -60,15 +60,17 @@ def test_sync_client_records_outcomes(emu: RunningEmulator) -> None:
     assert runtime_for("bge").inflight() == 0
 
 
-def test_streamed_chat_holds_its_slot_until_the_stream_closes(emu: RunningEmulator) -> None:
-    register(emu, floor=2)
-    client = wrap(openai.OpenAI(base_url=emu.base_url, api_key="k", max_retries=0))
-    runtime = runtime_for("bge")
-    stream = client.chat.completions.create(
-        model=emu.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
-    )
-    assert runtime.inflight() == 1
-    chunks = list(stream)
+def test_streamed_chat_holds_its_slot_until_the_stream_closes() -> None:
+    # A generative model: an embedding model refuses the chat API, as vLLM's does.
+    with serve_in_thread(EmulatorConfig(preset="llama-8b-h100", time_scale=1.0)) as llm:
+        register(llm, floor=2)
+        client = wrap(openai.OpenAI(base_url=llm.base_url, api_key="k", max_retries=0))
+        runtime = runtime_for("bge")
+        stream = client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+        )
+        assert runtime.inflight() == 1
+        chunks = list(stream)
     assert chunks and runtime.inflight() == 0
     assert runtime.calls.drain().calls == 1
 

@@ -15,9 +15,11 @@ Endpoints: ``POST /v1/embeddings``, ``/v1/completions``, ``/v1/chat/completions`
 engine's step clock; ``max_tokens``, ``min_tokens``, ``ignore_eos`` as vLLM); ``GET /v1/models``, ``/health``,
 ``/metrics`` (vLLM's names and labels); ``GET|POST /admin/capacity`` to read or change ``max_num_seqs``,
 ``max_num_batched_tokens``, ``num_gpu_blocks``, ``speed``, ``engines`` (grow only) and ``up`` at run time.
-Errors are OpenAI-style JSON: 400 for bad input, 404 for an unknown model, 429 with ``Retry-After`` past a
-requests- or tokens-per-minute limit, 503 while the engine is down. A client disconnect aborts its simulated
-requests.
+``GET /v1/loads`` (SGLang's load report, in the ``sglang`` metrics flavour; 404 otherwise). Errors are
+OpenAI-style JSON: 400 for bad input or an API the model does not serve (an embedding preset's chat and
+completions, a generative preset's embeddings, as vLLM refuses them), 404 for an unknown model, 429 with
+``Retry-After`` past a requests- or tokens-per-minute limit, 503 while the engine is down. A client disconnect
+aborts its simulated requests.
 
 Use::
 

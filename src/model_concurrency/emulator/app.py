@@ -11,6 +11,11 @@ last token's chunk, a usage-only chunk when ``stream_options.include_usage`` is 
 A client that disconnects or is cancelled aborts its simulated requests (``finished_reason="abort"``), as vLLM
 aborts a request whose connection dropped; otherwise a test's cancelled calls would keep occupying slots.
 A rate-limited call (``requests_per_minute`` / ``tokens_per_minute``) is a 429 with ``Retry-After``.
+
+A model serves one API, as vLLM's does: an embedding (pooling) preset refuses ``/v1/chat/completions`` and
+``/v1/completions``, a generative one ``/v1/embeddings``, each with vLLM's 400 and its message ("The model does not
+support Chat Completions API"), before the body is read. The SGLang flavour serves SGLang's ``GET /v1/loads``
+(emulator/loads.py); a vLLM flavour answers it 404, as vLLM's router answers a path it does not have.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Emulator:
         self.link: EngineLink = link or LocalLink(self.config)
         self.model_name = self.link.model_name
         self.count = make_counter(self.config.tokenizer)
+        self.embedding = self.config.engine_preset().embedding  # pooling runner: embeddings only, as vLLM's
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
@@ -94,7 +100,13 @@ class Emulator:
                 events.cancel()  # this handler was cancelled while waiting: no task may be left on the queue
 
     # ------------------------------------------------------------------ endpoints
+    def _serves(self, api: str, *, embedding: bool) -> None:
+        """vLLM's refusal of an API the model's runner does not serve (its ``create_error_response``: a 400)."""
+        if embedding != self.embedding:
+            raise ApiError(400, f"The model does not support {api} API")
+
     async def embeddings(self, http: HttpRequest) -> Response:
+        self._serves("Embeddings", embedding=True)
         body = await _json(http)
         self._check_model(body)
         inputs = embedding_inputs(body, self.count)
@@ -123,6 +135,7 @@ class Emulator:
         )
 
     async def completions(self, http: HttpRequest) -> Response:
+        self._serves("Completions", embedding=False)
         body = await _json(http)
         self._check_model(body)
         tokens, seed = prompt_text(body, self.count)
@@ -130,6 +143,7 @@ class Emulator:
         return await self._generate(http, body, answer, chat=False)
 
     async def chat_completions(self, http: HttpRequest) -> Response:
+        self._serves("Chat Completions", embedding=False)
         body = await _json(http)
         self._check_model(body)
         tokens = chat_prompt_tokens(body, self.count)
@@ -202,6 +216,16 @@ class Emulator:
     async def metrics(self, http: HttpRequest) -> Response:
         text = await self.link.call("metrics")
         return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
+
+    async def loads(self, http: HttpRequest) -> Response:
+        """SGLang's load report (``?format=prometheus``: as gauges); 404 unless the SGLang flavour is served."""
+        if self.config.metrics_flavor != "sglang":
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        prometheus = http.query_params.get("format") == "prometheus"
+        report = await self.link.call("loads", prometheus)
+        if prometheus:
+            return PlainTextResponse(report, media_type=METRICS_CONTENT_TYPE)
+        return JSONResponse(report)
 
     async def capacity(self, http: HttpRequest) -> Response:
         """GET: the capacity in force. POST ``{max_num_seqs, max_num_batched_tokens, num_gpu_blocks, speed,
@@ -331,6 +355,7 @@ def create_app(
         Route("/v1/models", _guarded(emu.models), methods=["GET"]),
         Route("/health", _guarded(emu.health), methods=["GET"]),
         Route("/metrics", _guarded(emu.metrics), methods=["GET"]),
+        Route("/v1/loads", _guarded(emu.loads), methods=["GET"]),
         Route("/admin/capacity", _guarded(emu.capacity), methods=["GET", "POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -25,6 +25,7 @@ from typing import Any
 import simpy
 
 from model_concurrency.emulator.clock import SimDriver
+from model_concurrency.emulator.loads import loads_prometheus, loads_report
 from model_concurrency.emulator.openai_shapes import ApiError
 from model_concurrency.emulator.rejections import check_style, queue_full
 from model_concurrency.emulator.tokens import make_counter
@@ -240,6 +241,14 @@ class EngineCore:
             return self.server.render_metrics()
         except EngineDownError as exc:
             raise ApiError(503, str(exc), kind="ServiceUnavailableError") from None
+
+    def loads(self, prometheus: bool = False) -> dict[str, Any] | str:
+        """SGLang's ``/v1/loads`` from the engines now (emulator/loads.py): JSON, or its Prometheus text."""
+        self.driver.sync()
+        if not self.server.up:
+            raise ApiError(503, "the engine is down", kind="ServiceUnavailableError")
+        report = loads_report(self.server.engines)
+        return loads_prometheus(report) if prometheus else report
 
     def capacity(self, changes: dict[str, Any] | None) -> dict[str, Any]:
         """Apply ``changes`` (if any) now and return the capacity in force."""

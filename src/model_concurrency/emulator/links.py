@@ -8,7 +8,7 @@ delays an engine step. The app's handlers see one interface either way:
   :class:`~.openai_shapes.ApiError`: 429, 503, 400), whose ``events`` queue receives ``("tokens", n)`` and finally
   ``("done", error_message_or_None)``;
 * ``link.abort(job)`` when the client went away;
-* ``await link.call("metrics" | "health" | "capacity", arg)``.
+* ``await link.call("metrics" | "health" | "capacity" | "loads", arg)``.
 
 The wire (remote) is length-prefixed pickle frames over a Unix socket, each frame a list of messages, written
 through asyncio transports (never blocking either side; several messages per loop turn go out as one frame).
@@ -101,6 +101,8 @@ def dispatch_call(core: EngineCore, method: str, arg: Any) -> Any:
         return core.health()
     if method == "capacity":
         return core.capacity(arg)
+    if method == "loads":
+        return core.loads(bool(arg))
     raise ApiError(500, f"unknown engine call {method!r}", kind="InternalServerError")
 
 

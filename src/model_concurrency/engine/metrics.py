@@ -14,9 +14,12 @@ Flavors (:data:`METRICS_FLAVORS`; the emulator's ``--metrics-flavor``), so the l
 same engines as the pages users really scrape:
 
 * ``vllm-new`` (the default): vLLM's latest metrics design, as above: ``kv_cache_usage_perc`` only (no ``gpu_``
-  names) and ``num_requests_waiting_by_reason{capacity|deferred}``;
+  names), ``num_requests_waiting_by_reason{capacity|deferred}``, and the KV limits ``cache_config_info`` states
+  from 0.24 on: ``kv_cache_size_tokens`` (the engine's KV tokens) and ``kv_cache_max_concurrency`` (requests of
+  the longest length the engine takes, ``(num_gpu_blocks − 1) × block_size``, whose KV fits at once);
 * ``vllm``: a release from before the by-reason gauge: ``num_requests_waiting`` alone (a parser must fall back to
-  it), everything else the same;
+  it) and ``cache_config_info`` without the 0.24 labels (a parser counts ``num_gpu_blocks × block_size``),
+  everything else the same;
 * ``sglang``: SGLang's ``--enable-metrics`` page (:class:`SglangCollector`): ``sglang:num_running_reqs``,
   ``num_queue_reqs``, ``token_usage``, ``num_used_tokens``, ``max_total_num_tokens``,
   ``num_retracted_requests_total`` (preemptions are SGLang's retractions) and ``queue_time_seconds`` per
@@ -80,11 +83,16 @@ class VllmCollector:
         )
         kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                                labels=_LABELS)  # fmt: skip
+        new = self._by_reason  # the 0.24 cache labels come with the latest design only
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "engine", "gpu_memory_utilization", "model_name", "num_gpu_blocks"],
-        )
+            labels=[
+                "block_size", "engine", "gpu_memory_utilization",
+                *(["kv_cache_max_concurrency", "kv_cache_size_tokens"] if new else []),
+                "model_name", "num_gpu_blocks",
+            ],
+        )  # fmt: skip
         preemptions = CounterMetricFamily("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                                           labels=_LABELS)  # fmt: skip
         prompt = CounterMetricFamily("vllm:prompt_tokens", "Number of prefill tokens processed.", labels=_LABELS)
@@ -104,9 +112,13 @@ class VllmCollector:
             by_reason.add_metric([e.label, e.model_name, "deferred"], 0.0)
             kv.add_metric(labels, e.gauge_kv_usage)
             info.add_metric(
-                [str(e.block_size), e.label, str(e.preset.gpu_memory_utilization), e.model_name, str(e.num_gpu_blocks)],
+                [
+                    str(e.block_size), e.label, str(e.preset.gpu_memory_utilization),
+                    *(_cache_limits(e) if new else []),
+                    e.model_name, str(e.num_gpu_blocks),
+                ],
                 1.0,
-            )
+            )  # fmt: skip
             preemptions.add_metric(labels, float(stats.num_preemptions))
             prompt.add_metric(labels, float(stats.prompt_tokens))
             generation.add_metric(labels, float(stats.generation_tokens))
@@ -117,6 +129,16 @@ class VllmCollector:
                 family.add_metric(labels, _buckets(hist), hist.sum)
         gauges = (running, waiting, by_reason) if self._by_reason else (running, waiting)
         yield from (*gauges, kv, info, preemptions, prompt, generation, success, *histograms)
+
+
+def _cache_limits(engine: Engine) -> list[str]:
+    """``kv_cache_max_concurrency`` and ``kv_cache_size_tokens`` as vLLM 0.24 labels them, for one engine.
+
+    The engine model has no ``max_model_len`` of its own: the longest request it takes is what its KV holds less
+    the reserved block, so that is the length the concurrency is counted at (vLLM counts it at ``max_model_len``)."""
+    tokens = engine.num_gpu_blocks * engine.block_size
+    longest = (engine.num_gpu_blocks - 1) * engine.block_size
+    return [f"{tokens / longest:.2f}", str(tokens)]
 
 
 _SGLANG_SCHEDULER = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
