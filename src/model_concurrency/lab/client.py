@@ -49,6 +49,7 @@ from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
 from model_concurrency.runtime import ModelRuntime, RuntimeSettings
 from model_concurrency.signals.interval import IntervalMeter
+from model_concurrency.signals.limits import StatedLimits
 
 __all__ = ["REJECTION_LATENCY_S", "ScheduledLimit", "SimClient", "SimLimits", "SubmitTarget", "request_stream"]
 
@@ -208,7 +209,11 @@ class SimClient:
         outage_handover: bool = True,
         name: str = "client",
         shared_records: tuple[array[float], array[float], array[float]] | None = None,
+        stated_limits: StatedLimits | None = None,
     ) -> None:
+        """``stated_limits``: the engines' limits the client was told, as an operator states them in a spec
+        (default: the target's ``stated_limits``, which lab/world.py's front carries when the scenario says so);
+        the runtime merges them into every poll's Observation by the live rule."""
         if (policy is None) == (schedule is None):
             raise ValueError("give a SimClient either a policy or a schedule")
         self.env = env
@@ -250,6 +255,7 @@ class SimClient:
             limiter=self.limits,
             settings=settings,
             publish=False,
+            stated_limits=stated_limits if stated_limits is not None else getattr(target, "stated_limits", None),
         )
         self.core = self.runtime.core
         if jitter_rng is not None:

@@ -37,6 +37,9 @@ grace_polls = 3
 guard = true            # the client-side growth guard (false: the policy's answer unchanged)
 outage_handover = true  # after the grace, hold while own calls look healthy (false: the floor)
 poll_jitter = 0.1       # each wait is poll_s x (1 +- up to this), per poll; absent: MODEL_CONCURRENCY_POLL_JITTER (0.1)
+stated_limits = false   # true: the clients were told the engines' max_num_seqs and max_num_batched_tokens (the
+                        # fleet's engine config, over its engines x replicas at the start), as an operator states
+                        # them in a ModelSpec; their Observations then carry them in ``limits``
 
 [background]            # open-loop traffic from other tenants (gamma arrivals; burstiness 1 = Poisson)
 rate_rps = 0.0
@@ -187,6 +190,10 @@ class Clients:
     # separate processes drift apart instead of polling in lock-step. None: the production knob,
     # MODEL_CONCURRENCY_POLL_JITTER (0.1 unless set), read when the run starts.
     poll_jitter: float | None = _ge(None, 0)
+    # Whether the clients were told the engines' limits (ModelSpec.max_num_seqs, max_num_batched_tokens): from the
+    # fleet's engine config, per engine, over the engines the fleet starts with (lab/world.py). A stated total the
+    # fleet outgrows (an add_engines event) is then contradicted by the page, as a stale config line would be.
+    stated_limits: bool = False
 
     def __post_init__(self) -> None:
         _check_bounds(self, "clients.")

@@ -18,8 +18,10 @@ from model_concurrency.engine.presets import EnginePreset
 from model_concurrency.lab.neighbour import InteractiveTenant
 from model_concurrency.lab.ratelimit import RateLimitedFront
 from model_concurrency.lab.scenario import Event, Scenario
+from model_concurrency.observation import EngineSnapshot
+from model_concurrency.signals.limits import StatedLimits
 
-__all__ = ["Background", "Phase", "World", "build_fleet", "phases", "preset_for"]
+__all__ = ["Background", "Phase", "StatedFront", "World", "build_fleet", "phases", "preset_for", "stated_limits_for"]
 
 
 def preset_for(scenario: Scenario) -> EnginePreset:
@@ -28,6 +30,34 @@ def preset_for(scenario: Scenario) -> EnginePreset:
     if scenario.fleet.frontend:
         preset = preset.replace(frontend=dataclasses.replace(preset.frontend, **scenario.fleet.frontend))
     return preset
+
+
+def stated_limits_for(scenario: Scenario) -> StatedLimits | None:
+    """What the scenario's clients were told of the engines (``[clients] stated_limits``): the fleet's engine
+    config, per engine, over the engines it starts with; None when they were told nothing."""
+    if not scenario.clients.stated_limits:
+        return None
+    preset = preset_for(scenario)
+    return StatedLimits(
+        max_num_seqs=preset.max_num_seqs,
+        max_num_batched_tokens=preset.max_num_batched_tokens,
+        engines=scenario.fleet.engines * scenario.fleet.replicas,
+    )
+
+
+class StatedFront:
+    """The clients' target, carrying the limits their operator stated (``stated_limits``), which a
+    :class:`~model_concurrency.lab.client.SimClient` hands its runtime as a spec's would be.
+
+    Everything else is the wrapped front's own: its bound methods, so a submission costs no extra call."""
+
+    def __init__(self, front: Fleet | RateLimitedFront, stated: StatedLimits) -> None:
+        self.front = front
+        self.stated_limits = stated
+        self.submit_callback: Callable[[Request, Callable[[Request], None]], None] = front.submit_callback
+        self.snapshot: Callable[[], EngineSnapshot] = front.snapshot
+        self.submit_limited: Callable[..., None] | None = getattr(front, "submit_limited", None)
+        self.refusal_latency_s: float = getattr(front, "refusal_latency_s", 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +146,8 @@ class World:
     """A fleet plus the scenario's timeline: applies events at their times, tracks the current phase.
 
     ``front`` is what the fan-out clients submit to: the fleet itself, or the fleet behind the scenario's
-    ``[rate_limit]`` (:mod:`.ratelimit`); background tenants always submit to the fleet.
+    ``[rate_limit]`` (:mod:`.ratelimit`), carrying the limits the clients were told when the scenario says so
+    (:class:`StatedFront`); background tenants always submit to the fleet.
 
     ``live=False`` builds the fleet without traffic or timeline, for replaying events by hand (:func:`phases`).
     """
@@ -134,7 +165,7 @@ class World:
         self.scenario = scenario
         self.fleet = build_fleet(env, scenario)
         # What the fan-out clients call: the fleet, or the fleet behind the scenario's rate limit.
-        self.front: Fleet | RateLimitedFront = self.fleet
+        self.front: Fleet | RateLimitedFront | StatedFront = self.fleet
         limit = scenario.rate_limit
         if limit.active:
             self.front = RateLimitedFront(
@@ -144,6 +175,9 @@ class World:
                 tokens_per_minute=limit.tokens_per_minute,
                 refusal_latency_s=limit.refusal_latency_s,
             )
+        self.stated_limits = stated_limits_for(scenario)
+        if self.stated_limits is not None:
+            self.front = StatedFront(self.front, self.stated_limits)
         self.metrics_up = True
         self.resolve_fraction = resolve_fraction
         w, bg = scenario.workload, scenario.background
