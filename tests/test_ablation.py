@@ -14,7 +14,6 @@ import pytest
 
 from model_concurrency.cli import main
 from model_concurrency.lab.ablation import (
-    ADAPTIVE_RULES,
     Figures,
     cost,
     figures,
@@ -24,6 +23,7 @@ from model_concurrency.lab.ablation import (
     write_variant,
 )
 from model_concurrency.policies.registry import load_policy
+from model_concurrency.policies.rules import ADAPTIVE_RULES
 
 
 def _row(ratio: float, p99: float, oracle_p99: float, jain: float, clients: int, sat: float) -> dict[str, object]:
