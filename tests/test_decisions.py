@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from model_concurrency import get_utilization, register_model, resolve_capacity
 from model_concurrency.controller import ControllerCore
 from model_concurrency.decision import LIMITS
-from model_concurrency.observation import Observation
+from model_concurrency.observation import EngineSnapshot, Observation
 from servers import Behaviour, EngineState, metrics_server, vllm_page
 
 SERVED = "served"
@@ -77,6 +77,7 @@ def test_a_throttle_cut_between_polls_is_a_decision() -> None:
 def test_an_outage_is_grace_then_the_floor() -> None:
     core = ControllerCore(policy=Constant(40), floor=4, ceiling=64, grace_polls=1)
     core.target_value = 30.0
+    core.last_snapshot = EngineSnapshot()  # a page was read before the outage
     first = core.decide(Observation(ok=False, time=1.0), "ConnectError")
     assert (first.target, first.rule, first.limited_by) == (30, "grace 1/1 (ConnectError)", "guard")
     second = core.decide(Observation(ok=False, time=2.0), "ConnectError")
@@ -150,11 +151,6 @@ def test_the_reasons_read_by_the_command_line_have_meanings() -> None:
     assert explain_limit(OFF) == "off (adaptive control is off (KG_ADAPTIVE_CONCURRENCY): pinned at the floor)"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ControllerCore._fail returns 'guard'/'floor' for every outage; it needs "
-    "outage_limit(self.last_snapshot is not None, ...) around both",
-)
 def test_an_outage_before_any_page_was_read_says_so() -> None:
     from model_concurrency.decision import NEVER_READ
 

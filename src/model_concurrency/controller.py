@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from model_concurrency.config import POLL_JITTER, RAMP_POLL_DIVISOR
-from model_concurrency.decision import Decision, limited_by_policy
+from model_concurrency.decision import Decision, limited_by_policy, outage_limit
 from model_concurrency.guard import GrowthGuard
 from model_concurrency.observation import CallStats, EngineSnapshot, Observation
 from model_concurrency.page_hold import PageHold
@@ -319,18 +319,19 @@ class ControllerCore:
         held = self.target_value
         bounded = min(held, self.guard.bound(held, held, obs, good=False))
         failures, grace = self.consecutive_failures, self.effective_grace_polls
+        read_once = self.last_snapshot is not None
         if failures <= grace:
             self.target_value = self._clamp(bounded)
-            return f"grace {failures}/{grace} ({reason})", "guard"
+            return f"grace {failures}/{grace} ({reason})", outage_limit(read_once, "guard")
         trouble = "hand-over off" if not self.outage_handover else self.guard.trouble(obs)
         if self.outage_floored or trouble is not None:
             rule = "floor until signals return" if self.outage_floored else f"floor: signals lost and {trouble}"
             self.outage_floored = True
             self.target_value = float(self.lower)
             self.token_budget = None  # the floor is a count: without fresh signals no token figure is trusted
-            return f"{rule} ({failures} failed polls)", "floor"
+            return f"{rule} ({failures} failed polls)", outage_limit(read_once, "floor")
         self.target_value = self._clamp(bounded)
-        return f"outage hand-over: own calls healthy ({failures} failed polls)", "guard"
+        return f"outage hand-over: own calls healthy ({failures} failed polls)", outage_limit(read_once, "guard")
 
 
 def _tokens(answer: object) -> int | None:

@@ -16,12 +16,14 @@ as used. With the gate or ``slot`` in use, the limiter's own count (its peak ove
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model_concurrency import config
 from model_concurrency.config import UnknownModelError, get_model, registered_models, setting
+from model_concurrency.decision import static_limit
 from model_concurrency.runtime import (
     ModelRuntime,
     adaptive_enabled,
@@ -156,13 +158,15 @@ def get_utilization(model: str | None) -> dict[str, Any]:
     runtime = controller_for(model, floor)
     if runtime is not None:
         return runtime.state().as_dict()
-    return RuntimeState.static(
+    state = RuntimeState.static(
         spec.name if spec is not None else model,
         served_model_name=spec.served_name if spec else None,
         floor=floor,
         ceiling=setting(*config.MAX_CONCURRENCY),
         metrics_url=spec.resolved_metrics_url if spec else None,
-    ).as_dict()
+    )
+    # Off: the floor holds because the switch says so, which is what an operator looking at it needs to read.
+    return dataclasses.replace(state, limited_by=static_limit(adaptive_enabled())).as_dict()
 
 
 def get_all_utilization() -> dict[str, dict[str, Any]]:

@@ -300,7 +300,8 @@ class ModelRuntime:
         self._asked_at: float | None = None
         self._closed = threading.Event()
         self._last_poll_wall: float | None = None  # when the last poll was, in wall-clock seconds (published)
-        self._watch = HealthWatch(self.name, quiet=not publish)
+        url = self.source.description if self.source is not None else None
+        self._watch = HealthWatch(self.name, quiet=not publish, url=url)
         self.health = Health()
         # The stated limits and the contradiction rule (signals/limits.py), merged into every poll's Observation.
         stated = stated_limits if stated_limits is not None else StatedLimits.from_spec(spec)
