@@ -185,14 +185,43 @@ def test_the_cli_writes_the_table_the_scenarios_and_ends_with_the_default_line(
         ("fuzz-135-0001", "adaptive"),
         ("fuzz-135-0001", "batch-gateway-aimd"),
     ]
-    assert {"goodput_ratio", "preset", "clients", "events"} <= set(rows[0])
+    assert {"goodput_ratio", "preset", "clients", "events", "stated_limits"} <= set(rows[0])
+    told = {r["scenario"]: r["stated_limits"] == "True" for r in rows}
+    assert told == {
+        f"fuzz-135-000{i}": draw_dict(135, i).get("clients", {}).get("stated_limits", False) for i in (0, 1)
+    }
+    split = [line for line in lines if "(limits " in line]
+    assert len(split) == 2 * len(set(told.values())), split  # each policy, on the draws told and on the others
     assert sorted(p.name for p in (out / "scenarios").iterdir()) == ["fuzz-135-0000.toml", "fuzz-135-0001.toml"]
     assert load_scenario(out / "scenarios" / "fuzz-135-0001.toml") == draw_scenario(135, 1, 0.03)
     assert (out / "worst.md").read_text().startswith("| scenario | goodput_ratio |")
 
 
 def test_no_draw_removes_engines_and_flaps_a_replica() -> None:
-    # A restarted replica returns with every engine it had: the oracle would see replicas of different sizes.
+    # A restarted replica returns with every engine it had: a removal is never drawn beside a flap.
     for i in range(300):
         actions = {e["action"] for e in draw_dict(5, i)["events"]}
         assert not {"remove_engines", "replica_down"} <= actions
+
+
+def test_about_half_the_draws_state_the_engines_limits_and_the_rest_of_each_draw_does_not_depend_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from model_concurrency.lab import fuzz
+
+    told = [bool(draw_dict(41, i)["clients"].get("stated_limits")) for i in range(200)]
+    assert 80 <= sum(told) <= 120
+    monkeypatch.setattr(fuzz, "P_STATED", 1.0)
+    always = [draw_dict(41, i) for i in range(20)]
+    monkeypatch.setattr(fuzz, "P_STATED", 0.0)
+    never = [draw_dict(41, i) for i in range(20)]
+    for a, b in zip(always, never, strict=True):
+        assert a["clients"].pop("stated_limits") is True and "stated_limits" not in b["clients"]
+        assert a == b  # drawn from a stream of its own: the flag changes nothing else
+
+
+def test_some_draws_grow_a_fleet_while_a_replica_is_down() -> None:
+    from model_concurrency.lab.world import phases
+
+    unequal = [i for i in range(200) if any(len(set(p.engines)) > 1 for _, p in phases(draw_scenario(43, i, 0.05)))]
+    assert unequal, "the generator draws fleets of unequal replicas"

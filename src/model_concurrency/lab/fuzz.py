@@ -1,7 +1,7 @@
 """The scenario generator: workloads nobody tuned a policy to, drawn at random, judged as a distribution.
 
 (A little over 400 lines: the draw's ranges, the budget that keeps each draw's oracle affordable and the
-distribution's summary line are one contract with the issue that asked for them.)
+distribution's summary lines are read together, and split they would each need the others' constants.)
 
 A rule that helps one named scenario is not evidence; a distribution of workloads is. :func:`draw_scenario` draws
 one scenario from a seed and an index, using only the scenario TOML schema (:mod:`.scenario`), so every draw is a
@@ -12,11 +12,12 @@ policy (and each draw's oracle once) through the comparison study's machinery (:
 * ``DIR/scenarios/*.toml``: every draw as run (``--scale`` already applied to its durations and event times);
 * ``DIR/worst.md``: the draws where the default policy did worst against the oracle.
 
-What is drawn (the ranges of issue 22): every engine preset; 1–4 engines and 1–3 replicas; ``max_num_seqs``
-16–512; prompts 32–4,000 tokens and outputs 0–1,000 (0: the embedding preset), lognormal spreads up to 1.2, a
-heavy tail of long documents, embeddings; 1–16 clients with floors 1–32, ceilings and polls of 5–60 s; events:
-engines added or removed, a replica flap, another tenant on and off, a metrics outage, a rate limit. The draw is a
-pure function of ``(seed, index)``, so the table is deterministic for a seed whatever ``--jobs`` is.
+What is drawn: every engine preset; 1–4 engines and 1–3 replicas; ``max_num_seqs`` 16–512; prompts 32–4,000 tokens
+and outputs 0–1,000 (0: the embedding preset), lognormal spreads up to 1.2, a heavy tail of long documents,
+embeddings; 1–16 clients with floors 1–32, ceilings and polls of 5–60 s; events: engines added or removed, a replica
+flap, another tenant on and off, a metrics outage, a rate limit; half the draws tell their clients the engine's
+limits (``stated_limits``). The draw is a pure function of ``(seed, index)``, so the table is deterministic for a
+seed whatever ``--jobs`` is.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ P_HEAVY_TAIL = 0.25
 P_EVENT = {"engines": 0.2, "flap": 0.15, "tenant": 0.2, "outage": 0.15, "rate_limit": 0.1}
 # Of the draws that add engines and flap a replica, the share whose engines arrive while the replica is down.
 P_UNEQUAL = 0.5
+# The share of draws whose clients are told the engine's limits (``[clients] stated_limits``), as an operator who
+# knows the ``--max-num-seqs`` their engines were started with would; drawn from a stream of its own, so the rest
+# of every draw is the same with or without it.
+P_STATED = 0.5
+STATED_STREAM = 7
 # A draw's p99 queue passes "<= 2x the oracle's" below this too: an oracle that queues nothing would otherwise fail
 # every policy for one engine step of queueing.
 QUEUE_SLACK_S = 0.05
@@ -96,6 +102,7 @@ DRAW_COLUMNS = (
     "duration_s",
     "events",
     "rate_limit_rpm",
+    "stated_limits",
 )
 FUZZ_COLUMNS = (*COLUMNS, *DRAW_COLUMNS)
 #: The worst draws' table: the figures that make a draw bad, then the draw's parameters that explain it most often
@@ -270,6 +277,8 @@ def _draw(
     }
     if "rate_limit" in kinds:
         data["rate_limit"] = {"requests_per_minute": round(_log_uniform(rng, *REQUESTS_PER_MINUTE))}
+    if np.random.default_rng([seed, index, STATED_STREAM]).random() < P_STATED:
+        clients["stated_limits"] = True
     return data
 
 
@@ -327,6 +336,7 @@ def draw_columns(data: dict[str, Any]) -> dict[str, Any]:
         "duration_s": data["duration_s"],
         "events": " ".join(f"{e['action']}@{e['at_s']:g}" for e in data["events"]) or "-",
         "rate_limit_rpm": data.get("rate_limit", {}).get("requests_per_minute"),
+        "stated_limits": bool(c.get("stated_limits", False)),
     }
 
 
@@ -338,8 +348,16 @@ def queue_ok(row: dict[str, Any]) -> bool:
     return bool(mine <= max(2.0 * (oracle or 0.0), QUEUE_SLACK_S))
 
 
-def fuzz_line(rows: Sequence[dict[str, Any]], policy: str) -> str:
-    """``fuzz: policy NAME, n N, goodput median M p10 P min X, p99<=2x F%, jain>=0.9 J% of multi-client``."""
+def _stated_split(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The draws whose clients were told the engine's limits, and the others (each only when there are some)."""
+    told = [r for r in rows if r.get("stated_limits")]
+    untold = [r for r in rows if not r.get("stated_limits")]
+    return [(label, part) for label, part in (("limits stated", told), ("limits not stated", untold)) if part]
+
+
+def fuzz_line(rows: Sequence[dict[str, Any]], policy: str, subset: str = "") -> str:
+    """``fuzz: policy NAME, n N, goodput median M p10 P min X, p99<=2x F%, jain>=0.9 J% of multi-client``; with
+    ``subset``, the policy's name is followed by it in parentheses (``policy adaptive (limits stated)``)."""
     every = [r for r in rows if r["policy"] == policy]
     mine = [r for r in every if not r.get("unscored")]
     ratios = sorted(r["goodput_ratio"] for r in mine if r.get("goodput_ratio") is not None)
@@ -354,7 +372,7 @@ def fuzz_line(rows: Sequence[dict[str, Any]], policy: str) -> str:
     fair = 100.0 * sum((r.get("jain_fairness") or 0.0) >= JAIN_GOOD for r in multi) / len(multi) if multi else 100.0
     unscored = f", unscored {len(every) - len(mine)}" if len(every) > len(mine) else ""
     return (
-        f"fuzz: policy {policy}, n {len(mine)}, {goodput}, p99<=2x {queue:.0f}%, "
+        f"fuzz: policy {policy}{f' ({subset})' if subset else ''}, n {len(mine)}, {goodput}, p99<=2x {queue:.0f}%, "
         f"jain>={JAIN_GOOD:g} {fair:.0f}% of multi-client{unscored}"
     )
 
@@ -407,7 +425,8 @@ def run_fuzz(
     judged = default_policy if default_policy in policies else policies[0]
     worst = worst_rows(rows, judged)
     written.append(write_markdown(worst, out / "worst.md", WORST_COLUMNS))
-    lines = [fuzz_line(rows, p) for p in _line_order(policies, default_policy)]
+    lines = [fuzz_line(part, p, label) for p in policies for label, part in _stated_split(rows)]
+    lines += [fuzz_line(rows, p) for p in _line_order(policies, default_policy)]
     return FuzzResult(rows=rows, lines=lines, written=[*written, folder], unscored=study.unscored)
 
 
