@@ -104,7 +104,21 @@ def rules_for(policy_ref: str, names: Sequence[str] | None = None) -> tuple[list
 
 def is_off(rule: Rule, params: dict[str, Any]) -> bool:
     """The rule is already switched off in ``params``: removing it changes nothing."""
-    return all(params.get(k) == v for k, v in rule.off.items())
+    for key, value in rule.off.items():
+        if key == "without":
+            if not set(value) <= set(params.get("without") or ()):
+                return False
+        elif params.get(key) != value:
+            return False
+    return True
+
+
+def combine(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that switch off both: ``without`` lists add up, any other key takes ``more``'s value."""
+    out = {**base, **more}
+    if "without" in base and "without" in more:
+        out["without"] = sorted({*base["without"], *more["without"]})
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,12 +211,24 @@ def _toml_value(value: Any) -> str:
         return "inf" if value > 0 else "-inf"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 
 def write_variant(folder: Path, policy_ref: str, label: str, overrides: dict[str, Any]) -> Path:
-    """A preset that is ``policy_ref`` with ``overrides``: what ``sim --policy`` re-runs for one row."""
-    base = str(Path(policy_ref).resolve()) if policy_ref.endswith(".toml") else policy_ref
+    """A preset that is ``policy_ref`` with ``overrides``: what ``sim --policy`` re-runs for one row. A preset file
+    is inlined (its policy and parameters, then the overrides): a preset may not name another ``.toml``."""
+    base = policy_ref
+    if policy_ref.endswith(".toml"):
+        from model_concurrency.policies.registry import load_preset
+
+        preset = load_preset(policy_ref)
+        base = preset.policy
+        module, _, cls = base.partition(":")
+        if cls and module.endswith(".py") and not Path(module).is_absolute():
+            base = f"{(preset.path.parent / module).resolve()}:{cls}"
+        overrides = combine(preset.params, overrides)
     name = f"{Path(policy_ref).stem}-{label}"
     lines = [f"name = {_toml_value(name)}", f"policy = {_toml_value(base)}"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in sorted(overrides.items())]
@@ -297,9 +323,9 @@ def run_ablation(
     remaining = [r for r in chosen]
     for rnd in range(1, rounds + 1):
         base_ref = str(write_variant(out / "presets", policy, f"round{rnd}-base", removed))
-        active = [r for r in remaining if not is_off(r, {**params, **removed})]
+        active = [r for r in remaining if not is_off(r, combine(params, removed))]
         refs = {
-            r.name: str(write_variant(out / "presets", policy, f"round{rnd}-without-{r.name}", {**removed, **r.off}))
+            r.name: str(write_variant(out / "presets", policy, f"round{rnd}-without-{r.name}", combine(removed, r.off)))
             for r in active
         }
         per_policy: dict[str, dict[str, Figures]] = {ref: {} for ref in (base_ref, *refs.values())}
@@ -325,7 +351,7 @@ def run_ablation(
             break
         cheapest = min(drops, key=lambda name: costs[name])
         rule = next(r for r in remaining if r.name == cheapest)
-        removed |= rule.off
+        removed = combine(removed, rule.off)
         remaining = [r for r in remaining if r.name != cheapest]
     keys = [k for k in sets if k != "bundled"]
     result.written.append(write_rows(result.rows, out / "ablation.csv", keys))
