@@ -77,15 +77,25 @@ def test_every_rule_of_adaptive_names_its_parameters_and_switches_off_cleanly(tm
         policy = load_policy(str(path))
         for key, value in rule.off.items():
             got = getattr(policy, key)
-            assert got == value or (math.isinf(value) and math.isinf(got)), rule.name
+            if key == "without":
+                assert got == tuple(value) and not policy.on(rule.name), rule.name
+            else:
+                assert got == value or (math.isinf(value) and math.isinf(got)), rule.name
         assert rule.off and set(rule.off) <= set(params)
     owned = [p for r in rules for p in r.params]
     assert len(owned) == len(set(owned)), "a parameter belongs to one rule"
+    unowned = set(params) - set(owned) - {"without", "token_budget", "token_overcommit"}
+    # The policy's own numbers, which no variant does without.
+    assert unowned == {"slow_start_factor", "decrease_factor", "increase_step", "jump_share"}
 
 
-def test_rules_already_off_are_known_and_unknown_rules_are_refused() -> None:
-    rules, params = rules_for("adaptive", ["felt-queue", "kv-jump"])
-    assert [is_off(r, params) for r in rules] == [True, False]
+def test_rules_already_off_are_known_and_a_variant_adds_to_what_is_off(tmp_path: Path) -> None:
+    base = tmp_path / "base.toml"
+    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["probe"]\nkv_high = 1.0\n')
+    rules, params = rules_for(str(base), ["probe", "kv-cap", "kv-jump"])
+    assert [is_off(r, params) for r in rules] == [True, True, False]
+    variant = load_policy(str(write_variant(tmp_path / "v", str(base), "without-kv-jump", rules[2].off)))
+    assert sorted(variant.without) == ["kv-jump", "probe"] and variant.kv_high == 1.0
     with pytest.raises(ValueError, match="unknown rules \\['no-such'\\]"):
         rules_for("adaptive", ["no-such"])
 
@@ -98,34 +108,20 @@ def test_a_policy_without_a_table_is_ablated_by_its_switches() -> None:
 def test_ablate_command_writes_one_row_per_rule_and_its_summary_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    base = tmp_path / "base.toml"
+    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["restore"]\n')
     out = tmp_path / "abl"
-    code = main(
-        [
-            "ablate",
-            "--n",
-            "2",
-            "--seeds",
-            "41",
-            "--scale",
-            "0.05",
-            "--rules",
-            "probe,felt-queue",
-            "--jobs",
-            "1",
-            "--quiet",
-            "--out",
-            str(out),
-        ]
-    )
+    args = ["--n", "2", "--seeds", "41", "--scale", "0.05", "--rules", "probe,restore", "--jobs", "1", "--quiet"]
+    code = main(["ablate", "--policy", str(base), *args, "--out", str(out)])
     assert code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     with (out / "ablation.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["rule"] for r in rows] == ["(none)", "probe", "felt-queue"]
+    assert [r["rule"] for r in rows] == ["(none)", "probe", "restore"]
     keep = sum(r["verdict"] == "keep" for r in rows[1:])
-    assert last == f"ablate: policy adaptive, 2 rules, {keep} keep, {2 - keep} drop"
-    felt = rows[2]
-    assert felt["verdict"] == "drop" and felt["off"] == "felt_queue=false"
-    assert all(felt[k] == rows[0][k] for k in rows[0] if "@41" in k)  # already off: the full policy's row
-    assert (out / "presets" / "adaptive-round1-without-probe.toml").exists()
-    assert not (out / "presets" / "adaptive-round1-without-felt-queue.toml").exists()
+    assert last == f"ablate: policy {base}, 2 rules, {keep} keep, {2 - keep} drop"
+    restore = rows[2]
+    assert restore["verdict"] == "drop" and restore["off"] == 'without=["restore"]'
+    assert all(restore[k] == rows[0][k] for k in rows[0] if "@41" in k)  # already off: the full policy's row
+    assert (out / "presets" / "base-round1-without-probe.toml").exists()
+    assert not (out / "presets" / "base-round1-without-restore.toml").exists()
