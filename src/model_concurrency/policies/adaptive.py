@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
+from model_concurrency.policies import first_ramp
 from model_concurrency.policies._common import (
     CompletionShare,
     app_limited,
@@ -39,36 +40,20 @@ from model_concurrency.policies._common import (
     pipelined_share,
     sustainable,
 )
+from model_concurrency.policies.kv import KvEstimate, kv_cap, kv_estimate
 from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["RULES", "Adaptive", "KvEstimate"]
 
 #: The rules ``without`` can switch off, each a mechanism with no number of its own to switch it off by.
-RULES = frozenset(
-    {
-        "capacity-samples",
-        "engine-full-exit",
-        "kv-jump",
-        "turnover-ramp",
-        "admission-hold",
-        "one-step",
-        "restore",
-        "probe",
-        "stated-limits",
-    }
-)
+RULES = frozenset({"capacity-samples", "engine-full-exit", "kv-jump", "turnover-ramp", "admission-hold"}) | {
+    "one-step",
+    "restore",
+    "probe",
+    "stated-limits",
+}
 # Beside a peer on a one-step engine, growth toward the knee restores from under this share of it.
 KNEE_RESTORE = 0.75
-
-
-@dataclass(frozen=True, slots=True)
-class KvEstimate:
-    """The engine's room as its KV cache tells it: blocks a sequence holds, sequences that fill the cache to
-    ``kv_high``, and ``bound``, the most our in-flight may grow to (ours plus our share of what is left)."""
-
-    blocks_per_sequence: float
-    sequences: float
-    bound: float
 
 
 @dataclass(slots=True)
@@ -209,7 +194,7 @@ class Adaptive:
         limits = obs.limits
         return limits.max_num_seqs if limits is not None and self.on("stated-limits") else None
 
-    def _stated_bound(self, obs: Observation) -> float:
+    def stated_bound(self, obs: Observation) -> float:
         """The most our in-flight may grow to under a stated sequence limit: ours plus our share of the free slots
         (two batches of them on a one-step engine)."""
         limit = self._sequence_limit(obs)
@@ -253,7 +238,7 @@ class Adaptive:
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
-        bound = max(target, min(self._kv_cap(obs), self._stated_bound(obs)))
+        bound = max(target, min(kv_cap(obs, self.kv_high), self.stated_bound(obs)))
         return min(self._grow(target, obs, rate), bound)
 
     def _fresh_capacity(self, obs: Observation, target: float, ramp_sample: bool) -> float | None:
@@ -282,14 +267,14 @@ class Adaptive:
         limit = self._sequence_limit(obs)
         if limit is None or self.pipelining or obs.running >= limit - 0.5:
             return True
-        return bool(self._waited(obs))
+        return bool(self.waited(obs))
 
     def _on_queue(self, target: float, obs: Observation, capacity: float | None, risen: float | None) -> float:
-        if self._admitting(obs):
+        if first_ramp.admitting(self, obs):
             # The jump's step is still being admitted: hold it one poll; a clean next poll makes it W_max.
             self.jump_to = target
             return target
-        if self._absorbing(obs, risen):
+        if first_ramp.absorbing(self, obs, risen):
             if self.ramping:  # not a wall, but no room to double into: the ramp ends here, without a cut
                 self.w_max, self.w_max_time, self.probes = target, obs.time, 0
                 self.startup_rate = self.startup_load = None
@@ -319,7 +304,7 @@ class Adaptive:
         factor = blocks / before
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
-    def _waited(self, obs: Observation) -> bool | None:
+    def waited(self, obs: Observation) -> bool | None:
         """The interval's requests waited a queue worth a cut: their mean queue time over ``1 − decrease_factor``
         of our mean round trip. None when either figure is missing."""
         latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
@@ -327,38 +312,11 @@ class Adaptive:
             return None
         return queued > (1 - self.decrease_factor) * latency
 
-    def _absorbing(self, obs: Observation, risen: float | None) -> bool:
-        """On the first ramp, a queue no larger than what ``running`` took in since our previous poll: a burst
-        being admitted over several steps (most often another client's ramp), held rather than cut."""
-        if not self.on("admission-hold") or not self.ramping or risen is None or self.pipelining:
-            return False
-        if obs.preemptions > 0 or (obs.kv_cache_usage or 0.0) >= self.kv_high:
-            return False
-        return 0 < obs.waiting_capacity <= risen
-
-    def _admitting(self, obs: Observation) -> bool:
-        """The jump's step found the engine still taking it in (``running`` rose by at least half of our growth):
-        hold one poll, once per first ramp, so the cut does not record a capacity the engine does not have."""
-        load = self.startup_load
-        if not self.wants_fast_polls or load is None or self.held:
-            return False
-        self.held = True
-        self.startup_load = (float(obs.inflight), obs.running)
-        grew = obs.inflight - load[0]
-        return grew > 0 and obs.running - load[1] >= 0.5 * grew
-
     def _rate(self, obs: Observation) -> float | None:
         before, self.last_time = self.last_time, obs.time
         if before is None or obs.time <= before:
             return None
         return obs.client_calls / (obs.time - before)
-
-    def _kv_cap(self, obs: Observation) -> float:
-        """The most our in-flight may grow to before KV usage (proportional to load) reaches ``kv_high``."""
-        kv = obs.kv_cache_usage
-        if self.kv_high >= 1 or kv is None or not kv > 0:
-            return math.inf
-        return obs.inflight * self.kv_high / kv
 
     # -- growth -------------------------------------------------------------------------------------------------
     def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
@@ -407,89 +365,8 @@ class Adaptive:
 
     # -- the first ramp -----------------------------------------------------------------------------------------
     def kv_estimate(self, obs: Observation) -> KvEstimate | None:
-        """What the KV cache says about the engine's room (needs the block count, a usage above zero and sequences
-        running); None without the figures, and then the ramp doubles."""
-        blocks, kv = obs.kv_num_blocks, obs.kv_cache_usage
-        if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not 0 < obs.running < math.inf:
-            return None
-        if obs.inflight <= 0:
-            return None
-        per_sequence = max(1.0, kv * blocks / obs.running)  # a running sequence holds at least one block
-        sequences = self.kv_high * blocks / per_sequence
-        bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
-        return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
+        """What the KV cache says about the engine's room; None without the figures (then the ramp doubles)."""
+        return kv_estimate(obs, self.kv_high)
 
     def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
-        if self._blind(obs):
-            return target
-        answer = self._ramp_step(target, obs, rate)
-        if answer > target:
-            self.ramp_grown_at = obs.time
-        return answer
-
-    def _blind(self, obs: Observation) -> bool:
-        """On a one-step engine our last growth shows only once our calls came back since it: grow again only then
-        (clients polling milliseconds apart would otherwise double blind)."""
-        grown_at = self.ramp_grown_at
-        if grown_at is None or not self.on("one-step") or not (self.one_step or obs.generation_tokens == 0):
-            return False
-        latency = obs.client_latency_mean_s
-        return obs.client_calls <= 0 or (latency is not None and obs.time - grown_at < latency)
-
-    def _ramp_step(self, target: float, obs: Observation, rate: float | None) -> float:
-        grown = self._startup(target, obs, rate)
-        estimate, (jumped, self.jump_to) = self.kv_estimate(obs), (self.jump_to, None)
-        if estimate is None:
-            return grown
-        bound = min(estimate.bound, self._stated_bound(obs))
-        if self.ramping and jumped is not None and target >= jumped - 1:
-            # The jump ran a poll without saturating: a floor under the capacity. Probe above it from here.
-            self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-            self.startup_rate = self.startup_load = None
-            return min(target + self.increase_step, max(target, bound))
-        if self.ramping and self.on("kv-jump") and own_share(obs) >= self.jump_share and not self.one_step:
-            # Not on a one-step engine: a pooling sequence holds one block, and the KV bound says nothing there.
-            jump = target + self.jump_fraction * (bound - target)
-            step = min(jump, self.jump_max_factor * target)
-            if step > grown:
-                grown = step
-                if step >= jump:  # landed where the bound said: the next poll judges the jump
-                    self.jump_to = min(grown, max(target, bound))
-        return min(grown, max(target, bound))
-
-    def _startup(self, target: float, obs: Observation, rate: float | None) -> float:
-        """Grow, unless the last growth bought too little: our completion rate rose by less than ``startup_exit``,
-        or the engine's ``running`` rose by less than half of our own increase (full; we only displace others)."""
-        previous, self.startup_rate = self.startup_rate, rate
-        load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
-        if previous and rate is not None and rate < self.startup_exit * previous and self._turned_over(obs, load):
-            self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-            self.startup_rate = self.startup_load = None
-            return target + self.increase_step
-        if self.on("engine-full-exit") and load is not None and not self.pipelining:
-            grew = obs.inflight - load[0]
-            risen = obs.running - load[1]
-            # A running that fell by more than we added is others leaving, which says nothing of fullness.
-            if grew > 0 and risen < 0.5 * grew and not (self.on("turnover-ramp") and risen < -grew):
-                before = max(target / self.slow_start_factor, target - grew + max(0.0, risen))
-                self.w_max, self.w_max_time, self.probes = before, obs.time, 0
-                self.startup_rate = self.startup_load = None
-                return before + self.increase_step
-        return max(target * self._ramp_factor(obs), target + self.increase_step)
-
-    def _turned_over(self, obs: Observation, load: tuple[float, float] | None) -> bool:
-        """The interval's completions add up to the window we held: one round trip of it, so its rate says what
-        the window buys (a poll shorter than a call compares a handful of completions)."""
-        return not self.on("turnover-ramp") or load is None or obs.client_calls >= load[0]
-
-    def _ramp_factor(self, obs: Observation) -> float:
-        """Alone, ``slow_start_factor`` per round trip the interval held (``calls / inflight_mean``), as TCP's slow
-        start doubles per round trip, at most ``jump_max_factor``; only over an interval without a queue worth a
-        cut. Beside peers one factor a poll: whoever polled first would take the engine."""
-        if not self.on("turnover-ramp") or own_share(obs) < self.jump_share:
-            return self.slow_start_factor
-        window = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight)
-        if window <= 0 or obs.client_calls <= 0 or self._waited(obs):
-            return self.slow_start_factor
-        rounds = min(obs.client_calls / window, math.log(self.jump_max_factor, self.slow_start_factor))
-        return max(self.slow_start_factor, math.pow(self.slow_start_factor, rounds))
+        return first_ramp.grow(self, target, obs, rate)
