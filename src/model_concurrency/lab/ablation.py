@@ -355,4 +355,37 @@ def run_ablation(
         remaining = [r for r in remaining if r.name != cheapest]
     keys = [k for k in sets if k != "bundled"]
     result.written.append(write_rows(result.rows, out / "ablation.csv", keys))
+    result.written.append(write_table(result.rows, out / "ablation.md", keys))
     return result
+
+
+def _signed(value: Any, digits: int) -> str:
+    return "" if value is None or value == "" else f"{float(value):+.{digits}f}"
+
+
+def write_table(rows: Sequence[dict[str, Any]], path: Path, keys: Sequence[str]) -> Path:
+    """The last round as docs/policies.md shows it: per rule, how it is switched off, what removing it changes on
+    each seed (goodput median and p10, the p99 and Jain shares in points; the base row gives the figures), the
+    bundled count, and the verdict."""
+    last = max((r["round"] for r in rows), default=0)
+    head = ["rule", "switched off by"]
+    for key in keys:
+        head += [f"median {key}", f"p10 {key}", f"p99≤2× {key}", f"Jain≥0.9 {key}"]
+    head += ["bundled ≥ 0.97", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in (r for r in rows if r["round"] == last):
+        base = row["rule"] == "(none)"
+        cells = [f"`{row['rule']}`" if not base else "the full policy", f"`{row['off']}`" if row["off"] else ""]
+        for key in keys:
+            for fig, digits in (("median", 3), ("p10", 3), ("p99_share", 0), ("jain_share", 0)):
+                value = row.get(f"{fig}@{key}") if base else row.get(f"d_{fig}@{key}")
+                cells.append(
+                    f"{float(value):.{digits}f}" if base and value not in (None, "") else _signed(value, digits)
+                )
+        bundled = row.get("bundled_ok") if base else row.get("d_bundled_ok")
+        cells.append("" if bundled in (None, "") else (str(bundled) if base else f"{int(bundled):+d}"))
+        cells.append("" if base else row["verdict"])
+        lines.append("| " + " | ".join(cells) + " |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
