@@ -11,6 +11,7 @@ import math
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from model_concurrency.lab.run import poll_jitter_rng
 from model_concurrency.lab.scenario import scenario_from_dict
 from model_concurrency.lab.virtual_loop import VirtualTimeLoop
 
-TINY = {
+TINY: dict[str, Any] = {
     "name": "tiny-gpu-added",
     "seed": 5,
     "duration_s": 60,
@@ -27,6 +28,13 @@ TINY = {
     "workload": {"prompt_tokens": 128, "output_tokens": 32, "prompt_sigma": 0.5, "output_sigma": 0.5},
     "clients": {"count": 1, "floor": 4, "ceiling": 64, "poll_s": 3},
     "events": [{"at_s": 30, "action": "add_engines", "count": 1}],
+}
+
+TINY_EMBEDDING: dict[str, Any] = {
+    **TINY,
+    "name": "tiny-embedding",
+    "fleet": {"preset": "bge-m3", "engines": 1, "engine": {"max_num_seqs": 16}},
+    "workload": {"prompt_tokens": 128, "output_tokens": 0, "prompt_sigma": 0.5, "embedding": True},
 }
 
 
@@ -78,17 +86,32 @@ def test_live_side_goes_through_http_and_the_limiter(oracle_cache: None, monkeyp
     assert n >= 15 and list(client.poll_times[:n]) == pytest.approx(list(lab[:n]), abs=1e-9)
 
 
+def test_an_embedding_model_is_sent_its_own_api(oracle_cache: None) -> None:
+    # The emulator refuses completions on a pooling model with a 400, as vLLM does: every item that completes
+    # here went through /v1/embeddings.
+    scenario = scenario_from_dict(TINY_EMBEDDING)
+    trace = run_live(scenario)
+    assert trace.total_completions > 0
+    assert len(trace.finish_times) == trace.total_completions
+    assert trace.clients[0].errors[-1] == 0
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"clients": {"count": 2}}, "2 clients"),
+        ({"workload": {**TINY["workload"], "embedding": True}}, "an embedding workload on a generative model"),
+        (
+            {"workload": {**TINY_EMBEDDING["workload"], "embedding": False, "output_tokens": 32}},
+            "a generative workload on an embedding model",
+        ),
         ({"background": {"fraction_of_capacity": 0.5}}, "background traffic"),
         ({"events": [{"at_s": 30, "action": "remove_engines", "count": 1}]}, "events other than add_engines"),
     ],
 )
 def test_live_side_rejects_what_it_cannot_run(change: dict[str, object], named: str) -> None:
+    base = TINY_EMBEDDING if "embedding model" in named else TINY
     with pytest.raises(ValueError, match=named):
-        run_live(scenario_from_dict({**TINY, **change}))
+        run_live(scenario_from_dict({**base, **change}))
 
 
 def test_virtual_clock_jumps_and_stops_at_a_barrier() -> None:

@@ -13,7 +13,10 @@ their next re-read (every 16 starts or 0.1 s), not at the instant of the poll; e
 poll parses Prometheus text instead of reading the engine's objects. Both draw their poll jitter from the same
 seeded stream (:func:`~model_concurrency.lab.run.poll_jitter_rng`), so a wait differs only where the polls did.
 
-Scenarios supported live: one client, one replica, no background traffic, events that add engines.
+Scenarios supported live: one client, one replica, no background traffic, events that add engines. Each item is
+posted to the API the engine's model serves, as vLLM refuses the other with a 400: ``/v1/embeddings`` with the
+item as ``input`` on an embedding preset, ``/v1/completions`` otherwise; so the scenario's workload must be of the
+model's kind.
 """
 
 from __future__ import annotations
@@ -116,8 +119,12 @@ def _check_supported(scenario: Scenario) -> None:
     background = scenario.background.rate_rps or scenario.background.fraction_of_capacity
     if background or any(e.action != "add_engines" for e in scenario.events):
         problems.append("background traffic or events other than add_engines")
-    if scenario.workload.embedding:
-        problems.append("an embedding workload")
+    if scenario.workload.embedding != preset_for(scenario).embedding:
+        # The emulator answers an API its model does not serve with a 400, as vLLM does: no item would complete.
+        if scenario.workload.embedding:
+            problems.append("an embedding workload on a generative model")
+        else:
+            problems.append("a generative workload on an embedding model")
     if c.items is not None:
         problems.append("a fixed item count")
     if problems:
@@ -191,16 +198,20 @@ async def _live(scenario: Scenario, policy: str, loop: VirtualTimeLoop, capacity
     latencies: list[float] = []
     errors = 0
 
+    embedding = config.engine_preset().embedding
+
     async def call(request: Request) -> None:
         nonlocal errors
         started = loop.time()
-        body = {
-            "model": server.model_name,
-            "prompt": "a" * (4 * request.prompt_tokens),  # the emulator's default tokenizer: 4 characters a token
-            "max_tokens": request.output_tokens,
-            "ignore_eos": True,
-        }
-        response = await client.post("/v1/completions", json=body)
+        text = "a" * (4 * request.prompt_tokens)  # the emulator's default tokenizer: 4 characters a token
+        body: dict[str, Any] = {"model": server.model_name}
+        if embedding:  # a pooling model serves only embeddings; its completions API answers 400, as vLLM's
+            path = "/v1/embeddings"
+            body["input"] = text
+        else:
+            path = "/v1/completions"
+            body |= {"prompt": text, "max_tokens": request.output_tokens, "ignore_eos": True}
+        response = await client.post(path, json=body)
         if response.status_code != 200:
             errors += 1
             return
