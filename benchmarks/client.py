@@ -1,17 +1,17 @@
-"""Does the fan-out's HTTP client keep up with the server at hundreds of calls in flight? (issue 26 item 1)
+"""Does the fan-out's HTTP client keep up with the server at hundreds of calls in flight?
 
 Closed-loop workers (each sends one embedding call, waits, sends the next) against one emulator (engine process +
 ``--frontends`` uvicorn processes, as ``model-concurrency emulate`` runs it), at each in-flight count, three ways,
 in one run:
 
-* ``shared``: one plain ``httpx.AsyncClient`` (``max_connections`` = in flight) shared by every worker, as the
-  README used to show;
+* ``shared``: one plain ``httpx.AsyncClient`` (``max_connections`` = in flight) shared by every worker, the usual
+  set-up;
 * ``ours``: one :class:`~model_concurrency.integrations.httpx.ShardedAsyncClient` shared by every worker;
 * ``ceiling``: what the server serves at that concurrency when the load generator is not the limit: a connection
   per worker, precomputed request bytes written to the socket, the response's status line and length read back,
   no HTTP library. Its CPU per call is a fraction of any HTTP client's, so on a machine where client and server
   share the cores it leaves the server the most CPU a load generator can. (Several processes of httpx clients
-  were tried first: on 2 shared cores they took CPU from the server and measured less than one sharded
+  do not serve as a ceiling: on 2 shared cores they take CPU from the server and measure less than one sharded
   client.)
 
 Calls/s are completed 200s in the window after a warm-up, best of ``--rounds`` interleaved rounds; ratios are

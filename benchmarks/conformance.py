@@ -4,7 +4,7 @@ stack (``map_concurrent``, the model runtime with its poll thread, httpx, the em
 Per scenario it prints, for both sides, the goodput ratio against the lab's oracle, the time to 90 % of the
 oracle's settled throughput after the last capacity change, the saturated fraction (trace samples with
 capacity-waiting requests) and where the target settled against the oracle's knee (the smallest concurrency that
-reaches 99 % of the peak in a concurrency sweep of throughput). Then the live "Done when" check of issue 10: the
+reaches 99 % of the peak in a concurrency sweep of throughput). Then the live check: the
 live target settles within 0.85-1.3x of the knee with at most 20 % of the time saturated. The last line is
 ``conformance: max goodput-ratio gap G, max t90 gap P polls`` (goal: G <= 0.05, P <= 2).
 

@@ -1,11 +1,11 @@
-"""Does the served emulator's engine keep stepping under HTTP load? (issue 13 item 5)
+"""Does the served emulator's engine keep stepping under HTTP load?
 
 N closed-loop clients (each sends one embedding call, waits, sends the next) against the emulator, while a
 sampler reads ``/metrics`` every 100 ms. Per run: completed calls per second, and the share of samples in which
 the engine is *full* (``num_requests_running`` = ``max_num_seqs``) or *nearly idle* (running below half of
 ``max_num_seqs`` with nothing waiting). Served two ways, in the same run:
 
-* ``thread``: the engine core in uvicorn's own event loop (``serve_in_thread``, the pre-split design);
+* ``thread``: the engine core in uvicorn's own event loop (``serve_in_thread``, one process);
 * ``processes``: the engine core in its own process, fed by ``--frontends`` uvicorn processes
   (``serve_in_processes``, what ``model-concurrency emulate`` runs).
 

@@ -1,6 +1,6 @@
 """How fast the lab simulates a fleet: ``sims/fleet-1000.toml`` scaled down, without the oracle.
 
-The 1,000-client scenario (issue 12: ≤ 60 s wall warm) simulates about 3,300 requests per simulated second through
+The 1,000-client scenario (goal: ≤ 60 s wall warm) simulates about 3,300 requests per simulated second through
 64 engines, 1,000 limiters and their polls. This runs the first ``--scale`` of it (0.02: 36 simulated seconds, the
 first ramp) with the default policy and reports, from the same run:
 

@@ -1,5 +1,5 @@
 """guidellm (the vLLM project's benchmark client) against the served emulator, next to the engine model's own
-figures for the same workload (issue 13 item 5).
+figures for the same workload.
 
 Why a benchmark and not a test: guidellm pulls torch and transformers (≈ 1.5 GB with the CPU torch wheel), so it
 lives in its own venv, given by ``--guidellm-venv``; this script runs with the project's venv (it starts the

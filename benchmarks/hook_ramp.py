@@ -1,4 +1,4 @@
-"""Does ``resolve_capacity`` alone ramp like ``map_concurrent``? (issue 27 item 1)
+"""Does ``resolve_capacity`` alone ramp like ``map_concurrent``?
 
 Per preset (bge-m3, an embedding engine; llama-8b-h100, a decoder), against the served emulator (an engine process
 and a front-end process) from a floor of 4, two runs in the same process and the same machine state:
@@ -10,7 +10,7 @@ and a front-end process) from a floor of 4, two runs in the same process and the
   calls), with nothing in the library counting its calls; its ramp is the first poll at which the target reached
   0.8× the gate's settled target.
 
-The issue's goal: the hook's ramp within 5× the gate's. Polls, not seconds, so the figure holds on a loaded
+Goal: the hook's ramp within 5× the gate's. Polls, not seconds, so the figure holds on a loaded
 machine. Run it with ``nice``::
 
     MODEL_MAX_CONCURRENCY=256 nice .venv/bin/python benchmarks/hook_ramp.py --polls 30

@@ -1,10 +1,10 @@
-"""The wedged request, measured as issue 24 measured it: map_concurrent at 0.05-s polls, with and without PageHold.
+"""The wedged request: map_concurrent at 0.05-s polls, with and without PageHold.
 
 A loopback ``/metrics`` page whose engine runs what the client sends (``running`` = the gate's in-flight) and
 finishes it every poll (queue-time counts show nobody waiting). Once the target reaches ``--start`` the page adds
 one request waiting for capacity that never gets in (``waiting_by_reason{capacity}`` stuck at 1), for
 ``--seconds``. Printed: the target when the wedge appeared, its minimum and its final value, for the run with the
-hold (the default) and the run without it (``page_hold.enabled = False``, the behaviour before it).
+hold (the default) and the run without it (``page_hold.enabled = False``).
 
     PYTHONPATH=src:tests python benchmarks/hostile_pages.py [--start 512] [--seconds 7]
 """

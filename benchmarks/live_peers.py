@@ -14,7 +14,7 @@ chosen: 500 req/s, above anything the emulator can serve; it only backs off on f
 With ``--repeat N`` every configuration runs N times (each on a fresh emulator, interleaved: ours, then each
 static, then the peers, N rounds) and each row is the median of its runs (makespan, p99 and saturated each their
 own median); the runs themselves go to stderr. The best static is chosen on the median makespan. The last line
-gives issue 15's goal ratios: ours ÷ the best static's makespan and p99, and our saturated fraction against
+gives the live goals' ratios: ours ÷ the best static's makespan and p99, and our saturated fraction against
 ``max(¼ × the static's, 2 %)``.
 
     .venv/bin/python benchmarks/live_peers.py            # 5,000 items, a few minutes
@@ -289,7 +289,7 @@ async def main(args: argparse.Namespace) -> list[Result]:
 
 
 def goal_line(results: list[Result]) -> str:
-    """Issue 15's live goals, as ratios of figures measured in this run."""
+    """The live goals, as ratios of figures measured in this run."""
     ours = results[0]
     best = next(r for r in results if r.name.startswith("best static"))
     allowed = max(best.saturated / 4, 0.02)

@@ -15,7 +15,7 @@ The setup, every run on a fresh emulator (``llama-8b-h100``, ``max_num_seqs`` 25
 Runs: the tenant alone (the baseline: the ratio's denominator), then static ungated (every call at once up to
 ``--high``), statics from ``--statics`` (the best static: the lowest neighbour ratio among those meeting every
 deadline, else the one meeting most), our default policy, its neighbour mode (``adaptive-neighbour``, its seconds
-scaled from the lab's 12 s polls to ``--poll-s``) and the peers of the default-policy issue when this tree has them
+scaled from the lab's 12 s polls to ``--poll-s``) and the published peers when this tree has them
 (``batch-gateway-aimd``, ``llmd-aimd``, ``aibrix``). A row per run; the last line is ours (the default policy, or
 ``MODEL_CONCURRENCY_POLICY``):
 

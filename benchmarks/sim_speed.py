@@ -3,7 +3,7 @@
 A closed loop keeps 512 requests submitted to one engine, so the engine runs back-to-back steps all hour with a
 full batch and a standing queue. Two clients, reported separately (``--client``):
 
-* ``process`` (the reference, issue 4's wording): 512 SimPy client processes, each submitting a request,
+* ``process`` (the reference): 512 SimPy client processes, each submitting a request,
   waiting for its completion event and submitting the next. Each finished request costs one completion event
   and one process wake-up on top of the engine's work.
 * ``callback``: no client processes; ``submit_callback``'s ``on_finish`` submits the next request on the spot,

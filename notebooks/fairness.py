@@ -147,7 +147,7 @@ save_figure(fig, "fairness_four_clients")
 
 # %% [markdown]
 # ## 32 clients on one fleet
-# The case the issue singles out: many machines share one fleet (2 replicas × 2 engines, 1024 sequences) with no
+# The hardest case for fairness: many machines share one fleet (2 replicas × 2 engines, 1024 sequences) with no
 # coordinator. Left: every client's target over time; right: each client's share of the goodput.
 
 # %%

@@ -64,7 +64,7 @@ display(Markdown(markdown_table(study.rows, columns)))
 # %% [markdown]
 # ## Goodput against queueing
 # Each point is one scenario × policy: right is more of the oracle's goodput, down is less queueing (p99 queue
-# time as a multiple of the oracle's, log scale). The goal region of the issue is shaded: ≥ 95 % of the goodput
+# time as a multiple of the oracle's, log scale). The goal region is shaded: ≥ 95 % of the goodput
 # with at most twice the oracle's p99 queue time.
 
 # %%

@@ -1,4 +1,4 @@
-"""Fairness variants of the adaptive policy measured in docs/scale-out.md (issue 12): Jain, saturated share, p99 queue
+"""Fairness variants of the adaptive policy measured in docs/scale-out.md: Jain, saturated share, p99 queue
 time and goodput per seed, then the median. A measurement script, not a feature: each variant patches one rule
 of ``Adaptive`` in this process only.
 

@@ -432,7 +432,7 @@ FIGURES: list[Figure] = [
         YOBITEL,
         "H100-80GB HBM3",
         "0.21.0",
-        "chatbot-short (model: 100 in / 128 out), max-concurrency 64, no client cost (issue 23's +50 %)",
+        "chatbot-short (model: 100 in / 128 out), max-concurrency 64, no client cost (the streamed rows add it)",
         "llama-8b-h100-80gb",
         "context",
         0.15,

@@ -1,7 +1,7 @@
 """Publish this process's runtime state where ``model-concurrency watch --job`` (or Prometheus) can read it.
 
-``watch`` alone runs controllers of its own: next to a running job it showed its own target, not the job's
-(issue 27). A job publishes instead: the Prometheus page of its metrics (telemetry.py: target, bounds, in flight,
+``watch`` alone runs controllers of its own: next to a running job it would show its own target, not the
+job's. A job publishes instead: the Prometheus page of its metrics (telemetry.py: target, bounds, in flight,
 saturation, the last decision's ``limited_by`` reason when the runtime exports it), either
 
 * on an HTTP port, ``HOST:PORT`` (prometheus_client's own server, ``/metrics``), or

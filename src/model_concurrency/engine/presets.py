@@ -22,9 +22,9 @@ Step time (:mod:`.steptime`): ``a + (M^p + (b·tokens)^p)^(1/p) + c·context + d
   detokenising, the HTTP response), the transit fitted so that TTFT at concurrency 1 is the H100 benchmark's
   13.98 ms for a ~100-token prompt (a calibration, not a validation: docs/engine-model.md).
 
-bge-m3 class (568M-parameter XLM-R encoder), unchanged since it was set: ``b`` 24 µs/token so that 3K-token prompts
-run at ≈ 12 req/s (vLLM issue #11320); front end 1.5 ms + 1.5 µs/token, ≈ 430 req/s per API process at 512
-tokens; pooling models do not chunk prefills. Old names (``llama-8b-h100``, ``llama-8b-a100``) are aliases of the
+bge-m3 class (568M-parameter XLM-R encoder), linear: ``b`` 24 µs/token so that 3K-token prompts run at ≈ 12 req/s
+(github.com/vllm-project/vllm/issues/11320); front end 1.5 ms + 1.5 µs/token, ≈ 430 req/s per API process at 512
+tokens; pooling models do not chunk prefills. Short names (``llama-8b-h100``, ``llama-8b-a100``) are aliases of the
 80 GB presets.
 """
 

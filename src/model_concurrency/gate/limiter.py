@@ -16,7 +16,7 @@ Rules, after trio's CapacityLimiter (see docs/architecture.md):
 * a *pinned* slot (:meth:`acquire_pinned`, for a fan-out that passed ``capacity=``) is counted but not gated: it
   may push ``inflight`` above the limit, which holds every gated caller back until the count drains.
 
-Units (issue 16, the engine's second limit): each acquire may carry ``units`` (a request's tokens) against an
+Units (the engine's second limit, its token budget): each acquire may carry ``units`` (a request's tokens) against an
 optional ``budget``. A call starts while both the count and ``units held + its units <= budget`` fit; the same
 FIFO, hand-off and shrink rules hold for the budget. A call larger than what is left waits at the head of the
 queue (nobody overtakes it) until nothing is in flight, then runs alone, so even one larger than the whole budget

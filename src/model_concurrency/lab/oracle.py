@@ -9,9 +9,9 @@ promise to every caller, so the oracle keeps it too (where the floors add up pas
 the knee, and an oracle that did would charge the floor's queue to the policy: 68 of the 200 draws of
 ``fuzz --seed 41`` are such draws).
 
-The oracle knows the KV pool too (issue 16): it weighs every request by its tokens against a budget of the
+The oracle knows the KV pool too: it weighs every request by its tokens against a budget of the
 phase's whole pool (``num_gpu_blocks × block_size`` over the live engines, split like the knee), so it never
-over-fills the cache. Count-only, it lost half the goodput of a heavy-tailed mix to preemptions
+over-fills the cache. A count-only oracle loses half the goodput of a heavy-tailed mix to preemptions
 (``heavy-tail``: 8.0 items/s, p99 queue 85 s, against 17.7 and 1.7 s for the weighted default); where the pool
 never binds, the budget changes nothing.
 
