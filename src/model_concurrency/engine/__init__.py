@@ -23,7 +23,7 @@ API overview (everything runs on a ``simpy.Environment``'s simulated clock; noth
 A :class:`Request` is single-use (submit a new one per call) and carries its timestamps (``arrival_time``,
 ``queued_time``, ``first_scheduled_time``, ``first_token_time``, ``finish_time``), ``finished_reason`` and
 ``num_preemptions``, so the lab can compute queue time and latency per request. Presets (:data:`PRESETS`):
-``llama-8b-h100-80gb``, ``llama-8b-a100-80gb``, ``llama-8b-a100-40gb``, ``bge-m3`` (the old names
+``llama-8b-h100-80gb``, ``llama-8b-a100-80gb``, ``llama-8b-a100-40gb``, ``bge-m3`` (the short names
 ``llama-8b-h100`` and ``llama-8b-a100`` are aliases of the 80 GB presets); derive variants with
 ``preset.replace(max_num_seqs=64, num_gpu_blocks=2000)``. Coefficients and their sources are in :mod:`.presets`
 and docs/engine-model.md.
