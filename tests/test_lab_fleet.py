@@ -19,7 +19,6 @@ from model_concurrency.lab.run import simulate
 from model_concurrency.lab.scenario import Scenario, load_scenario, scenario_from_dict
 from model_concurrency.lab.summary import SUMMARY_KEYS, summarize
 from model_concurrency.lab.trace import ClientTrace, Trace
-from model_concurrency.policies import Adaptive
 from model_concurrency.policies.registry import load_policy
 
 SIMS = Path(__file__).resolve().parents[1] / "sims"
@@ -180,26 +179,3 @@ def test_the_fleet_scenario_runs_scaled_down() -> None:
     assert trace.running[-1] > 0
     summary = summarize(trace)
     assert summary["client_goodput_p5"] <= summary["client_goodput_p50"] <= summary["client_goodput_p95"]
-
-
-def crowd(count: int) -> Scenario:
-    """``count`` clients (floor 4) on 4 engines of 512: 2,048 sequences, about 20 each."""
-    return scenario_from_dict(
-        {
-            "name": "crowd",
-            "seed": 9,
-            "duration_s": 300.0,
-            "fleet": {"engines": 2, "replicas": 2, "balancer": "least-loaded", "engine": {"max_num_seqs": 512}},
-            "clients": {"count": count, "floor": 4, "ceiling": 128, "poll_jitter": 0.1},
-        }
-    )
-
-
-def test_a_crowd_of_clients_stepping_together_overshoots_less_with_the_fleet_step() -> None:
-    # 96 clients adding +1 a poll add 96 a poll interval to a 2,048-sequence fleet and keep some engine queueing;
-    # with the step scaled to the fleet's size ((1,024 / 2,048)^0.5 = 0.71 each, 68 together) it queues less often,
-    # at the same goodput. (Fairness converges more slowly with the smaller step: docs/scale-out.md.)
-    scaled = summarize(simulate(crowd(96), policy_factory=lambda: load_policy("adaptive")))
-    plain = summarize(simulate(crowd(96), policy_factory=lambda: Adaptive(step_exponent=0.0, accelerate_shared=True)))
-    assert scaled["saturated_fraction"] < 0.75 * plain["saturated_fraction"]
-    assert scaled["goodput"] >= 0.99 * plain["goodput"]

@@ -1,4 +1,4 @@
-"""The adaptive policy's first ramp (issue 15): the capacity estimate from the engine's KV figures, the jump toward
+"""The adaptive policy's first ramp: the capacity estimate from the engine's KV figures, the jump toward
 it, the doubling without them, and the property that the first ramp never grows past the KV bound.
 
 Figures are chosen so the rules give whole numbers: 10,000 KV blocks, 4 sequences at 2 % usage are 50 blocks a
@@ -98,20 +98,6 @@ def test_a_burst_the_engine_is_still_admitting_is_not_a_capacity() -> None:
     assert p.w_max == pytest.approx(184) and p.capacity(4.0) is None
 
 
-def test_a_cut_inferred_from_an_earlier_capacity_does_not_record_it_again() -> None:
-    p = Adaptive()
-    p.samples.append((0.0, 200.0))
-    p.w_max = 180.0
-    # `running` is back at the capacity learnt at t=0, with nothing waiting: cut, but learn nothing new.
-    assert p.next_target(220, poll(220, running=200, kv=0.3, time=500.0)) == pytest.approx(0.9 * 220)
-    assert list(p.samples) == [(0.0, 200.0)]
-    # Past ``window_s`` the sample still bounds the goal, but it is no wall to cut at: the same reading grows.
-    q = Adaptive()
-    q.samples.append((0.0, 200.0))
-    q.w_max = 180.0
-    assert q.next_target(220, poll(220, running=200, kv=0.3, time=700.0)) == 221
-
-
 def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED)
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
@@ -154,7 +140,7 @@ def test_a_sequence_holds_at_least_one_block() -> None:
 
 
 def test_the_jump_can_be_switched_off_or_made_whole() -> None:
-    assert Adaptive(jump_max_factor=UNCAPPED, kv_jump=False).next_target(4, poll(4, kv=0.02)) == 8
+    assert Adaptive(jump_max_factor=UNCAPPED, without=("kv-jump",)).next_target(4, poll(4, kv=0.02)) == 8
     assert Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)
 
 
@@ -165,16 +151,6 @@ def test_a_full_pipe_exit_is_not_undone_by_the_kv_cap() -> None:
     assert p.next_target(32, poll(32, running=1005, kv=0.3, blocks=100_000)) == 64
     assert p.next_target(64, poll(64, running=1016, kv=0.31, blocks=100_000, time=12.0)) == 44
     assert not p.ramping
-
-
-def test_a_long_idle_starts_the_first_ramp_again() -> None:
-    p = Adaptive(jump_max_factor=UNCAPPED, idle_s=120.0)
-    p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=0.0))
-    assert not p.ramping
-    p.next_target(115, Observation(inflight=0, time=12.0))
-    p.next_target(115, Observation(inflight=0, time=140.0))
-    assert p.ramping
-    assert p.next_target(4, poll(4, kv=0.02, time=152.0)) == pytest.approx(94)
 
 
 @pytest.mark.parametrize("bad", [{"jump_share": 1.5}, {"jump_fraction": 0.0}, {"jump_fraction": 1.5}])
@@ -297,11 +273,10 @@ def shared(inflight: int, running: float, waiting: float, time: float) -> Observ
 
 def test_a_shared_first_ramp_cut_read_mid_admission_is_forgotten_and_the_ramp_goes_on() -> None:
     # 1,000 clients started together with 4 each: the fleet admits the 4,000 prompts over several steps, and a
-    # client polling 0.3 s in sees 1,875 running and 453 waiting. It cuts to 0.93 x its served share (a fleet
-    # running over 1,024) 4 x 1,875 / 2,328 (under its floor: the controller hands back 4) and records 1,875 as a
-    # capacity.
+    # client polling 0.3 s in sees 1,875 running and 453 waiting. It cuts to 0.9 x its served share 4 x 1,875 /
+    # 2,328 (under its floor: the controller hands back 4) and records 1,875 as a capacity.
     p = Adaptive()
-    assert p.next_target(4, shared(4, 1875, 453, 0.3)) == pytest.approx(0.93 * 4 * 1875 / 2328)
+    assert p.next_target(4, shared(4, 1875, 453, 0.3)) == pytest.approx(0.9 * 4 * 1875 / 2328)
     assert p.w_max == pytest.approx(4 * 1875 / 2328) and p.capacity(0.3) == 1875 and not p.ramping
     # Its next poll finds the fleet running 7,694 without a queue: the sample was read mid-admission, and so was
     # the share. Both are forgotten and the ramp doubles on, as the other clients' ramps do.
@@ -312,12 +287,12 @@ def test_a_shared_first_ramp_cut_read_mid_admission_is_forgotten_and_the_ramp_go
 
 def test_a_shared_first_ramp_cut_is_kept_when_the_engine_runs_less_than_twice_its_sample() -> None:
     # The ramp met the fleet's limit at 16,000 running; the next poll finds 16,100 (a fleet's running wanders a
-    # little): a sample, not an admission burst. W_max stays and the step climbs from it, no second ramp.
+    # little): a sample, not an admission burst. W_max (31.4) stays and the step climbs toward it, no second ramp.
     p = Adaptive()
     p.next_target(32, shared(32, 16000, 300, 0.0))
     w_max = p.w_max
     assert w_max == pytest.approx(32 * 16000 / 16300)
-    assert p.next_target(29, shared(29, 16100, 0, 12.0)) == pytest.approx(29 + 0.7 * (1024 / 16100) ** 0.5)
+    assert p.next_target(29, shared(29, 16100, 0, 12.0)) == 30
     assert p.w_max == w_max and p.capacity(12.0) is None and not p.ramping
     # A cut that was not the first ramp's end is kept even past twice its sample (a capacity that grew).
     q = Adaptive()

@@ -127,38 +127,32 @@ def test_a_full_batch_is_no_saturation_on_a_one_step_engine() -> None:
     cut = saturated_at_64(policy, generated=0.0)
     assert cut == 0.9 * (200 * 128 / 264)  # cut to the pipelined share, and C = 64 recorded
     assert policy.capacity(0.0) == 64
-    # Back at a full batch of 64, near-full, nothing waiting: a decoder would cut (the inferred rule); here the
-    # goal counts a second batch (2 × 64 = 128), so the target climbs toward it by the step...
+    # Back at a full batch of 64, near-full, nothing waiting: the goal counts a second batch (2 × 64 = 128), so
+    # the target climbs toward it by the step...
     assert policy.next_target(120.0, poll(120, 64, 0, time=12.0)) == 121.0
     # ...and far below it returns at once to 0.9 × 128.
     assert policy.next_target(100.0, poll(100, 64, 0, time=24.0)) == 0.9 * 128
 
 
-def test_a_decoder_at_its_learnt_capacity_still_cuts() -> None:
-    policy = Adaptive()
-    assert saturated_at_64(policy, generated=500.0) == 0.9 * (200 * 64 / 200)
-    assert policy.next_target(100.0, poll(100, 64, 0, generated=500.0, time=12.0)) == 0.9 * 100
-
-
-def test_a_queue_up_to_one_batch_is_pipelining_and_more_is_overload() -> None:
-    policy = Adaptive(one_step_queue=1.0)
-    saturated_at_64(policy, generated=0.0)
-    # 64 waiting behind 64 running (one batch): no cut, no capacity sample, the probe goes on.
-    assert policy.next_target(128.0, poll(128, 64, 64, time=12.0)) == 129.0
-    assert [r for _, r in policy.samples] == [64]
-    # 65 waiting: more than a batch. Cut to 0.9 × 129 × 128 / 193, and record the sample.
-    assert policy.next_target(129.0, poll(129, 64, 65, time=24.0)) == 0.9 * (129 * 128 / 193)
-    assert [r for _, r in policy.samples] == [64, 64]
-
-
-def test_the_default_tolerates_no_visible_queue() -> None:
-    # The default (0): any capacity-waiting after a step was scheduled is more than the pipelined batch.
+def test_no_visible_queue_is_tolerated() -> None:
+    # Any capacity-waiting after a step was scheduled is more than the pipelined batch: cut to the pipelined share.
     policy = Adaptive()
     saturated_at_64(policy, generated=0.0)
     assert policy.next_target(128.0, poll(128, 64, 1, time=12.0)) == 0.9 * (128 * 128 / 129)
-    off = Adaptive(one_step_pipeline=False)
-    saturated_at_64(off, generated=0.0)
-    assert off.next_target(100.0, poll(100, 64, 0, time=12.0)) == 0.9 * 100  # as on a decoder
+
+
+def test_without_the_one_step_rules_a_pooling_engine_is_read_as_a_decoder() -> None:
+    # The cut to the served share 64 (not the pipelined 97); then W_max 64 is the goal, not two batches (128), so
+    # 100 is above it: a probe of +1, as on a decoder, where the rules restore to 0.9 × 128.
+    off = Adaptive(without=("one-step",))
+    assert saturated_at_64(off, generated=0.0) == 0.9 * 64
+    decoder = Adaptive()
+    assert saturated_at_64(decoder, generated=500.0) == 0.9 * 64
+    assert off.next_target(100.0, poll(100, 64, 0, time=12.0)) == 101.0
+    assert decoder.next_target(100.0, poll(100, 64, 0, generated=500.0, time=12.0)) == 101.0
+    on = Adaptive()
+    saturated_at_64(on, generated=0.0)
+    assert on.next_target(100.0, poll(100, 64, 0, time=12.0)) == 0.9 * 128
 
 
 def test_the_one_step_verdict_survives_polls_that_cannot_tell() -> None:
@@ -190,7 +184,7 @@ def test_decoders_see_exactly_the_rules_they_had(
     polls: list[tuple[int, int, int, int | None, int | None, float | None]],
 ) -> None:
     """Without a poll that shows a one-step engine, every answer equals the rules with the one-step part off."""
-    on, off = Adaptive(), Adaptive(one_step_pipeline=False)
+    on, off = Adaptive(), Adaptive(without=("one-step",))
     target_on = target_off = 4.0
     for i, (inflight, running, waiting, generated, completed, kv) in enumerate(polls):
         obs = Observation(
@@ -223,7 +217,8 @@ def test_the_lab_holds_an_embedding_engine_above_its_sequence_limit() -> None:
 
     scenario = load_scenario(find_scenario("embed-batch")).scaled(0.1)
     limit = scenario.fleet.engine["max_num_seqs"]
-    runs = {on: simulate(scenario, policy_factory=lambda on=on: Adaptive(one_step_pipeline=on)) for on in (True, False)}
+    without = {True: (), False: ("one-step",)}
+    runs = {on: simulate(scenario, policy_factory=lambda on=on: Adaptive(without=without[on])) for on in (True, False)}
     settled = {on: run.clients[0].poll_targets[run.clients[0].poll_times >= 20.0] for on, run in runs.items()}
     assert len(settled[True]) > 0
     assert all(limit < t <= 2 * limit + 2 for t in settled[True])
@@ -250,7 +245,7 @@ def test_the_lab_splits_a_shared_embedding_engine_two_batches_between_its_client
     assert (run.waiting_capacity[run.time >= 2.0] > 0).mean() < 0.2
 
 
-# -- session 6: the first ramp, a raised limit and the guard on one-step engines (live trace, docs/policies.md) --
+# -- the first ramp, a raised limit and the guard on one-step engines (docs/policies.md) -------------------------
 def test_the_first_ramp_doubles_instead_of_jumping_on_a_one_step_engine() -> None:
     # 32 in flight, 31 running, KV 0.11 % of 10,000 blocks: one block a sequence, a KV bound of ~9,200. A decoder
     # would jump 8x (32 -> 256, past an engine of 64); a one-step engine doubles (on fast polls, still ramping).
@@ -351,7 +346,7 @@ def test_the_completion_share_is_a_share(polls: list[tuple[int, float]], batch: 
         assert len(done) <= 1 or sum(done[1:]) < share.batches * batch
 
 
-# -- session 6: the first ramp grows only once its last growth came back (docs/policies.md) -------------------
+# -- the first ramp grows only once its last growth came back (docs/policies.md) ------------------------------
 def ramp_poll(target: float, time: float, *, calls: int, latency: float | None, generated: float = 0.0) -> Observation:
     """A first-ramp poll without KV figures (the ramp doubles): the window full and running, nothing waiting."""
     return Observation(
@@ -377,6 +372,6 @@ def test_a_decoder_ramp_does_not_wait_for_its_round_trip() -> None:
     decoder = Adaptive()
     assert decoder.next_target(8.0, ramp_poll(8, 0.0, calls=4, latency=0.015, generated=100.0)) == 16.0
     assert decoder.next_target(16.0, ramp_poll(16, 0.002, calls=4, latency=0.015, generated=100.0)) == 32.0
-    off = Adaptive(one_step_pipeline=False)
+    off = Adaptive(without=("one-step",))
     assert off.next_target(8.0, ramp_poll(8, 0.0, calls=4, latency=0.015)) == 16.0
     assert off.next_target(16.0, ramp_poll(16, 0.002, calls=4, latency=0.015)) == 32.0

@@ -1,4 +1,4 @@
-"""The adaptive policy's first ramp paced by turnover (issue 22): a lone client's growth per round trip of its own
+"""The adaptive policy's first ramp paced by turnover: a lone client's growth per round trip of its own
 calls, the rate test only over a round trip, a queue the engine is still admitting held rather than cut, and the
 engine-full test not fooled by other clients leaving. Exact values from hand-built observations."""
 
@@ -41,8 +41,8 @@ def test_a_lone_ramp_grows_once_per_round_trip_of_its_window_up_to_8x_a_poll() -
     assert Adaptive().next_target(4, alone(4, calls=40, time=0.0)) == pytest.approx(32)
     # Less than one round trip: one doubling, as TCP's slow start on a poll (never less).
     assert Adaptive().next_target(4, alone(4, calls=2, time=0.0)) == 8
-    # turnover_ramp off: one doubling a poll whatever the turnover.
-    assert Adaptive(turnover_ramp=False).next_target(4, alone(4, calls=40, time=0.0)) == 8
+    # Without the turnover ramp: one doubling a poll whatever the turnover.
+    assert Adaptive(without=("turnover-ramp",)).next_target(4, alone(4, calls=40, time=0.0)) == 8
 
 
 def test_an_interval_that_queued_us_or_a_shared_engine_doubles_once() -> None:
@@ -93,8 +93,8 @@ def test_a_queue_the_engine_is_still_taking_in_is_held_not_cut() -> None:
     assert settled.next_target(38, shared(38, running=150, waiting=10, time=24.0)) == pytest.approx(
         0.9 * 38 * 150 / 160
     )
-    # admission_hold off: the first queue is cut at once.
-    q = Adaptive(admission_hold=False)
+    # Without the admission hold: the first queue is cut at once.
+    q = Adaptive(without=("admission-hold",))
     q.next_target(16, shared(16, running=21, waiting=0, time=0.0))
     assert q.next_target(32, shared(32, running=147, waiting=28, time=12.0)) == pytest.approx(0.9 * 32 * 147 / 175)
 

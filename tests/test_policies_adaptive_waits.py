@@ -1,7 +1,8 @@
-"""Exact-value tests of which queues the adaptive policy cuts on with ``felt_queue`` (the ``adaptive-felt`` preset): a
-queue is a wall when the interval's requests waited for it, when it is over a tenth of ``running``, or when
-``running`` stands where the engine stood at its most (ever, or since the previous queue); a request or two
-waiting a step for prefill tokens while the engine runs more with every poll is not."""
+"""Exact-value tests of which queues the adaptive policy cuts on. Without a stated sequence limit every
+capacity-waiting request is a saturation, whatever the interval's waits. With one (``Observation.limits``), a queue
+while ``running`` is below the limit waits for prefill tokens or KV blocks, not for a slot: it is cut only when the
+interval's requests waited a cut's worth (their mean queue time over ``1 - decrease_factor`` of our mean round
+trip), at the limit, or when KV usage is at ``kv_high``."""
 
 from __future__ import annotations
 
@@ -10,104 +11,107 @@ from dataclasses import replace
 import pytest
 
 from model_concurrency import Observation
-from model_concurrency.policies import Adaptive, load_policy
+from model_concurrency.observation import EngineLimits
+from model_concurrency.policies import Adaptive
 
 LATENCY = 2.0  # our mean round trip: a wait worth a cut is over (1 - 0.9) x 2 s = 0.2 s
 
 
 def poll(
-    target: float, *, running: float, waiting: float, time: float, queue_s: float | None, started: float = 50.0
+    target: float,
+    *,
+    running: float,
+    waiting: float,
+    time: float,
+    queue_s: float | None,
+    started: float = 50.0,
+    limit: int | None = None,
 ) -> Observation:
-    """Our whole target in flight; ``queue_s`` is the mean queue time of the interval's ``started`` requests."""
-    engine = Observation(running=running, waiting=waiting, waiting_capacity=waiting, time=time)
+    """Our whole target in flight; ``queue_s`` is the mean queue time of the interval's ``started`` requests;
+    ``limit`` the engines' stated sequence slots (``max_num_seqs``), None when nobody stated them."""
+    limits = None if limit is None else EngineLimits(max_num_seqs=limit)
+    engine = Observation(running=running, waiting=waiting, waiting_capacity=waiting, time=time, limits=limits)
     ours = {"inflight": int(target), "client_calls": int(started), "client_latency_mean_s": LATENCY}
     return replace(engine, started=started, queue_time_mean_s=queue_s, **ours)
 
 
-def after_first_cut(felt_queue: bool = True) -> Adaptive:
-    """A policy past its first ramp: cut at 100 running (target 100 -> 82, W_max 91, the engine's most 100)."""
-    p = Adaptive(felt_queue=felt_queue)
-    assert p.next_target(100, poll(100, running=100, waiting=10, time=0.0, queue_s=1.0)) == pytest.approx(
-        0.9 * 100 * 100 / 110
-    )
+def after_first_cut(policy: Adaptive | None = None, limit: int | None = None) -> Adaptive:
+    """A policy past its first ramp: cut at 100 running, a wait of 1 s (target 100 -> 81.8, W_max 90.9)."""
+    p = Adaptive() if policy is None else policy
+    first = poll(100, running=100, waiting=10, time=0.0, queue_s=1.0, limit=limit)
+    assert p.next_target(100, first) == pytest.approx(0.9 * 100 * 100 / 110)
     return p
 
 
-def test_a_step_long_wait_while_the_engine_runs_more_is_no_wall() -> None:
-    p = after_first_cut()
-    t = 82.0
-    # The engine runs more than it ever did (105 > 100), one request waits, and those that started waited 20 ms
-    # on average: the climb goes on, +1 a poll.
-    for i, running in enumerate([105.0, 110.0, 114.0]):
-        nxt = p.next_target(t, poll(t, running=running, waiting=1, time=12.0 * (i + 1), queue_s=0.02))
-        assert nxt == t + 1
-        t = nxt
-
-
-def test_a_wait_the_interval_felt_is_cut() -> None:
-    p = after_first_cut()
-    # Same poll, but the interval's requests waited 0.5 s on average (over 0.2 s): the served share, x 0.9.
-    obs = poll(82, running=105, waiting=1, time=12.0, queue_s=0.5)
-    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
-
-
-def test_a_queue_over_a_tenth_of_running_is_cut_before_the_interval_feels_it() -> None:
-    p = after_first_cut()
-    # 12 waiting of 105 running: a wall whose waiters have not started yet (their wait is not in the mean).
-    obs = poll(82, running=105, waiting=12, time=12.0, queue_s=0.02)
-    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 117)
-
-
-def test_a_queue_where_the_engine_already_stood_at_its_most_is_a_wall() -> None:
-    p = after_first_cut()
-    assert p.next_target(82, poll(82, running=105, waiting=1, time=12.0, queue_s=0.02)) == 83
-    # Back at 105, the most it ever ran, with one waiting: pinned at a sequence limit.
-    obs = poll(83, running=105, waiting=1, time=24.0, queue_s=0.02)
-    assert p.next_target(83, obs) == pytest.approx(0.9 * 83 * 105 / 106)
-
-
-def test_a_full_engine_reads_up_to_one_steps_completions_under_its_most() -> None:
-    # Past the first cut's queue (at 100) the engine ran 105 with nothing waiting: its most, and more than at the
-    # last queue. At 103 with one waiting, the page was read between steps after two of the 105 finished: one
-    # completion per 50 generated tokens puts 103 / 50 = 2.06 slots in a step, so the engine is pinned at 105.
-    p = after_first_cut()
-    assert p.next_target(82, poll(82, running=105, waiting=0, time=12.0, queue_s=0.02)) == 83
-    obs = poll(83, running=103, waiting=1, time=24.0, queue_s=0.02)
-    stepped = replace(obs, completed=20.0, generation_tokens=1000.0)
-    assert p.next_target(83, stepped) == pytest.approx(0.9 * 83 * 103 / 104)
-    # Without the counters a step's completions are unknown: 2 under the most is room, and the climb goes on.
-    q = after_first_cut()
-    assert q.next_target(82, poll(82, running=105, waiting=0, time=12.0, queue_s=0.02)) == 83
-    assert q.next_target(83, obs) == 84
-
-
-def test_a_queue_where_the_engine_ran_no_more_since_the_last_queue_is_a_wall() -> None:
-    # The first cut's queue stood at 100 running, the most the engine ran. Since then it never ran more: a queue at
-    # 95 (within a tenth of 100) is the same wall read between steps (a fleet's engines each free a slot or two).
-    p = after_first_cut()
-    obs = poll(82, running=95, waiting=1, time=12.0, queue_s=0.02)
-    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 95 / 96)
-    # At 85, under 0.9 of it, the engine has room the queue is not waiting for (a prefill-token wait): climb on.
-    q = after_first_cut()
-    assert q.next_target(82, poll(82, running=85, waiting=1, time=12.0, queue_s=0.02)) == 83
-
-
-def test_the_rule_is_the_adaptive_felt_preset_not_the_default() -> None:
-    assert load_policy("adaptive-felt").felt_queue is True
-    assert load_policy("adaptive").felt_queue is False
-
-
 @pytest.mark.parametrize(
-    ("queue_s", "started", "felt_queue"),
+    ("queue_s", "started"),
     [
-        (None, 50.0, True),  # no queue-time histogram on the page
-        (0.02, 0.0, True),  # nothing started in the interval: no wait to read
-        (0.02, 50.0, False),  # the default (``adaptive``): any capacity-waiting request is a saturation
+        (None, 50.0),  # no queue-time histogram on the page
+        (0.02, 0.0),  # nothing started in the interval: no wait to read
+        (0.02, 50.0),  # a wait far under a cut's worth
     ],
 )
-def test_without_the_intervals_waits_every_queue_is_cut(
-    queue_s: float | None, started: float, felt_queue: bool
-) -> None:
-    p = after_first_cut(felt_queue)
+def test_without_a_stated_limit_every_queue_is_cut_whatever_its_waits(queue_s: float | None, started: float) -> None:
+    p = after_first_cut()
     obs = poll(82, running=105, waiting=1, time=12.0, queue_s=queue_s, started=started)
     assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
+
+
+def test_below_the_stated_limit_a_queue_the_interval_did_not_wait_for_is_not_cut() -> None:
+    p = after_first_cut(limit=128)
+    t = 82.0
+    # 128 slots stated, the engine runs 105-114 of them, one request waits, and those that started waited 20 ms
+    # on average: the climb goes on, +1 a poll (under W_max 90.9, and under our share of the free slots).
+    for i, running in enumerate([105.0, 110.0, 114.0]):
+        nxt = p.next_target(t, poll(t, running=running, waiting=1, time=12.0 * (i + 1), queue_s=0.02, limit=128))
+        assert nxt == t + 1
+        t = nxt
+    assert p.w_max == pytest.approx(100 * 100 / 110)
+
+
+@pytest.mark.parametrize(("queue_s", "cut"), [(0.19, False), (0.21, True), (0.5, True)])
+def test_below_the_stated_limit_a_queue_is_cut_when_the_interval_waited_a_cuts_worth(queue_s: float, cut: bool) -> None:
+    p = after_first_cut(limit=128)
+    obs = poll(82, running=105, waiting=1, time=12.0, queue_s=queue_s, limit=128)
+    assert p.next_target(82, obs) == (pytest.approx(0.9 * 82 * 105 / 106) if cut else 83)
+
+
+def test_the_same_queue_with_running_at_the_stated_limit_is_cut() -> None:
+    # 105 slots stated and 105 running: every slot taken, the one waiting waits for a slot. Cut to 0.9 x the served
+    # share, and the engine's most (105) is a capacity sample.
+    p = after_first_cut(limit=105)
+    obs = poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=105)
+    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
+    assert p.w_max == pytest.approx(82 * 105 / 106) and p.capacity(12.0) == 105
+
+
+def test_without_the_stated_limits_rule_the_same_queue_is_cut() -> None:
+    p = after_first_cut(Adaptive(without=("stated-limits",)), limit=128)
+    obs = poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=128)
+    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
+
+
+def test_below_the_stated_limit_kv_usage_at_kv_high_is_still_cut() -> None:
+    p = after_first_cut(limit=128)
+    obs = replace(poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=128), kv_cache_usage=0.92)
+    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
+
+
+@pytest.mark.parametrize("missing", ["queue_time_mean_s", "client_latency_mean_s"])
+def test_below_the_stated_limit_a_queue_without_the_figures_to_judge_its_wait_is_not_cut(missing: str) -> None:
+    # No queue-time histogram on the page, or none of our calls came back: no wait worth a cut is known.
+    p = after_first_cut(limit=128)
+    obs = replace(poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=128), **{missing: None})
+    assert p.next_target(82, obs) == 83
+
+
+def test_on_a_one_step_engine_any_visible_queue_below_the_stated_limit_is_cut() -> None:
+    # A pooling engine (completions, no generated tokens) of 64 stated slots runs 40 with 4 waiting, a 20 ms wait:
+    # more than its pipelined batch, cut to 0.9 x the pipelined share 44 x (40 + 40) / (44 + 40).
+    pooling = replace(
+        poll(44, running=40, waiting=4, time=0.0, queue_s=0.02, limit=64), generation_tokens=0.0, completed=50.0
+    )
+    assert Adaptive().next_target(44, pooling) == pytest.approx(0.9 * 44 * 80 / 84)
+    # A decoder in the same place is not cut: it ramps, to our share of the free slots, 44 + 1 x (64 - 40 - 4).
+    decoder = replace(pooling, generation_tokens=500.0)
+    assert Adaptive().next_target(44, decoder) == 64

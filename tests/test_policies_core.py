@@ -46,7 +46,7 @@ def test_at_most_twelve_parameters_and_the_preset_states_each_default() -> None:
     preset = tomllib.loads((PRESETS / "adaptive-core.toml").read_text())
     assert {k: preset[k] for k in PARAMETERS} == {k: getattr(AdaptiveCore(), k) for k in PARAMETERS}
     assert type(load_policy("adaptive-core")) is AdaptiveCore
-    assert type(load_policy("adaptive-v1")).__name__ == "Adaptive"  # today's default, kept for comparison
+    assert type(load_policy("adaptive")).__name__ == "Adaptive"  # the default, beside it for comparison
     with pytest.raises(ValueError, match="cut_gain"):
         AdaptiveCore(cut_gain=1.0)
 
