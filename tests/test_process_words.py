@@ -28,8 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ANYWHERE: list[tuple[str, re.Pattern[str]]] = [
     # A numbered development session: the reader has no session list; the fact belongs in the present tense.
     ("session number", re.compile(r"\bsessions? \d+", re.IGNORECASE)),
-    # "this session", "that session's": the same, counted from the writer's day.
-    ("this session", re.compile(r"\b(?:this|that|next|previous|last|an earlier|a later) session\b", re.IGNORECASE)),
     # A numbered work item of this project ("issue 22", "issues 11-14", "issue #5"); upstream issues are cited by
     # their URL (github.com/vllm-project/vllm/issues/11320), which this does not match.
     ("issue number", re.compile(r"\bissues? #?\d+", re.IGNORECASE)),
@@ -60,9 +58,13 @@ PROSE: list[tuple[str, re.Pattern[str]]] = [
     ("date of work", re.compile(r"\b20\d\d-\d\d-\d\d\b")),
 ]
 
-# Prose only in Markdown: a branch named by its role ("this branch", "the helpers' branches"), which in a code
-# comment is a branch of the code.
+# Prose only in Markdown: words that in a code comment name part of the product.
 DOCS_ONLY: list[tuple[str, re.Pattern[str]]] = [
+    # "this session", "that session's": a session of the work, counted from the writer's day. (In code a session is
+    # a Ray or HTTP session: "this session's to reset" is product.)
+    ("this session", re.compile(r"\b(?:this|that|next|previous|last|an earlier|a later) session\b", re.IGNORECASE)),
+    # A branch named by its role ("this branch", "the helpers' branches", "(embed branch)"): in a code comment,
+    # "this branch" is a branch of the code.
     (
         "branch name",
         re.compile(
@@ -167,6 +169,8 @@ def test_the_scan_sees_the_docs_and_the_sources() -> None:
         ("Measured on branch `hosted`.", True),
         ("One draw per poll whichever branch runs.", False),
         ("A session of the HTTP client is reused.", False),
+        ("the runtime is this session's to reset", False),
+        ("(vLLM 0.21.0, 2025-08)", False),
         ("github.com/vllm-project/vllm/issues/11320", False),
     ],
 )
