@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= sims/gpu-added.toml
 POLICY ?= adaptive
 
-.PHONY: setup sim test lint bench wheel clean
+.PHONY: setup sim test lint bench wheel clean results
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,14 @@ test: lint
 wheel: setup
 	rm -rf dist
 	$(BIN)/python -m pip wheel --no-deps -q -w dist .
+
+# docs/results.md, generated (never edit it by hand): one run, at this commit, of the bundled scenarios and the
+# scenario generator (seed 41, 200 draws at full length) with the default policy and its peers, plus the quick live
+# checks (benchmarks/conformance.py --quick); the page's tables are written from their CSVs, each beside the command
+# that made it. Work files go to out/report (`model-concurrency report --from out/report` rewrites the page from
+# them). About an hour on two cores with the oracles cached, longer on the first run.
+results: setup
+	$(BIN)/model-concurrency report --out docs/results.md
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["configure_logging", "describe_error", "main"]
 
 # Subcommand modules, in the order they appear in --help. A module that is missing is skipped.
-SUBCOMMAND_MODULES = ("sim", "compare", "fuzz", "ablate", "live", "listing")
+SUBCOMMAND_MODULES = ("sim", "compare", "fuzz", "ablate", "report", "live", "listing")
 
 # Optional dependencies, by import name: the extra that installs each, for the subcommands that need them.
 _EXTRAS = {
