@@ -90,6 +90,7 @@ class Adaptive:
     jump_fraction: float = 0.5
     jump_max_factor: float = 8.0
     without: tuple[str, ...] = ()
+    exit_level: bool = False
     token_budget: bool = True  # the token side (policies/token_budget.py), a wrapper around the request target
     token_overcommit: float = 1.0
     tokens: TokenSide = field(init=False, repr=False)
@@ -195,12 +196,13 @@ class Adaptive:
         return limits.max_num_seqs if limits is not None and self.on("stated-limits") else None
 
     def stated_bound(self, obs: Observation) -> float:
-        """The most our in-flight may grow to under a stated sequence limit: ours plus our share of the free slots
-        (two batches of them on a one-step engine)."""
+        """The most our in-flight may grow to under a stated sequence limit: our share of the engine's slots (two
+        batches of them on a one-step engine). Alone that is the limit itself: more of our calls can only queue."""
         limit = self._sequence_limit(obs)
         if limit is None:
             return math.inf
-        return obs.inflight + self._share(obs) * max(0.0, self._batches() * limit - obs.running - obs.waiting)
+        share = self._share(obs) if obs.inflight > 0 else 1.0
+        return share * self._batches() * limit
 
     # -- the poll -----------------------------------------------------------------------------------------------
     def next_target(self, target: float, obs: Observation) -> float:

@@ -13,18 +13,56 @@ first queue (the policy's cut). On a one-step engine it grows only once our call
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import own_share
+from model_concurrency.policies.kv import KvEstimate
 
-if TYPE_CHECKING:
-    from model_concurrency.policies.adaptive import Adaptive
-
-__all__ = ["absorbing", "admitting", "grow"]
+__all__ = ["Ramping", "absorbing", "admitting", "grow"]
 
 
-def absorbing(p: Adaptive, obs: Observation, risen: float | None) -> bool:
+class Ramping(Protocol):
+    """What the first ramp reads and sets of the policy it steers (``Adaptive``): its parameters, what it has
+    learnt, and the ramp's own state."""
+
+    slow_start_factor: float
+    startup_exit: float
+    increase_step: float
+    kv_high: float
+    jump_share: float
+    jump_fraction: float
+    jump_max_factor: float
+    exit_level: bool
+    one_step: bool
+    w_max: float | None
+    w_max_time: float
+    probes: int
+    jump_to: float | None
+    held: bool
+    ramp_grown_at: float | None
+    startup_rate: float | None
+    startup_load: tuple[float, float] | None
+
+    @property
+    def ramping(self) -> bool: ...
+
+    @property
+    def pipelining(self) -> bool: ...
+
+    @property
+    def wants_fast_polls(self) -> bool: ...
+
+    def on(self, rule: str) -> bool: ...
+
+    def kv_estimate(self, obs: Observation) -> KvEstimate | None: ...
+
+    def stated_bound(self, obs: Observation) -> float: ...
+
+    def waited(self, obs: Observation) -> bool | None: ...
+
+
+def absorbing(p: Ramping, obs: Observation, risen: float | None) -> bool:
     """On the first ramp, a queue no larger than what ``running`` took in since our previous poll: a burst
     being admitted over several steps (most often another client's ramp), held rather than cut."""
     if not p.on("admission-hold") or not p.ramping or risen is None or p.pipelining:
@@ -34,7 +72,7 @@ def absorbing(p: Adaptive, obs: Observation, risen: float | None) -> bool:
     return 0 < obs.waiting_capacity <= risen
 
 
-def admitting(p: Adaptive, obs: Observation) -> bool:
+def admitting(p: Ramping, obs: Observation) -> bool:
     """The jump's step found the engine still taking it in (``running`` rose by at least half of our growth):
     hold one poll, once per first ramp, so the cut does not record a capacity the engine does not have."""
     load = p.startup_load
@@ -46,7 +84,7 @@ def admitting(p: Adaptive, obs: Observation) -> bool:
     return grew > 0 and obs.running - load[1] >= 0.5 * grew
 
 
-def grow(p: Adaptive, target: float, obs: Observation, rate: float | None) -> float:
+def grow(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
     """The first ramp's answer for this poll (the module docstring's rules)."""
     if _blind(p, obs):
         return target
@@ -56,7 +94,7 @@ def grow(p: Adaptive, target: float, obs: Observation, rate: float | None) -> fl
     return answer
 
 
-def _blind(p: Adaptive, obs: Observation) -> bool:
+def _blind(p: Ramping, obs: Observation) -> bool:
     """On a one-step engine our last growth shows only once our calls came back since it: grow again only then
     (clients polling milliseconds apart would otherwise double blind)."""
     grown_at = p.ramp_grown_at
@@ -66,7 +104,7 @@ def _blind(p: Adaptive, obs: Observation) -> bool:
     return obs.client_calls <= 0 or (latency is not None and obs.time - grown_at < latency)
 
 
-def _ramp_step(p: Adaptive, target: float, obs: Observation, rate: float | None) -> float:
+def _ramp_step(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
     grown = _startup(p, target, obs, rate)
     estimate, (jumped, p.jump_to) = p.kv_estimate(obs), (p.jump_to, None)
     if estimate is None:
@@ -88,15 +126,18 @@ def _ramp_step(p: Adaptive, target: float, obs: Observation, rate: float | None)
     return min(grown, max(target, bound))
 
 
-def _startup(p: Adaptive, target: float, obs: Observation, rate: float | None) -> float:
+def _startup(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
     """Grow, unless the last growth bought too little: our completion rate rose by less than ``startup_exit``,
     or the engine's ``running`` rose by less than half of our own increase (full; we only displace others)."""
     previous, p.startup_rate = p.startup_rate, rate
     load, p.startup_load = p.startup_load, (float(obs.inflight), obs.running)
-    if previous and rate is not None and rate < p.startup_exit * previous and _turned_over(p, obs, load):
-        p.w_max, p.w_max_time, p.probes = target, obs.time, 0
+    if previous and rate is not None and rate < _needed(p, obs, load) * previous and _turned_over(p, obs, load):
+        level = target
+        if p.exit_level and load is not None and load[0] > 0:
+            level = min(target, max(load[0], load[0] * rate / previous))
+        p.w_max, p.w_max_time, p.probes = level, obs.time, 0
         p.startup_rate = p.startup_load = None
-        return target + p.increase_step
+        return level + p.increase_step
     if p.on("engine-full-exit") and load is not None and not p.pipelining:
         grew = obs.inflight - load[0]
         risen = obs.running - load[1]
@@ -109,13 +150,23 @@ def _startup(p: Adaptive, target: float, obs: Observation, rate: float | None) -
     return max(target * _ramp_factor(p, obs), target + p.increase_step)
 
 
-def _turned_over(p: Adaptive, obs: Observation, load: tuple[float, float] | None) -> bool:
+def _needed(p: Ramping, obs: Observation, load: tuple[float, float] | None) -> float:
+    """The rate gain the last growth had to buy: ``startup_exit`` per doubling of our window since the previous
+    poll (a poll that grew it eightfold owes three doublings' worth, not one)."""
+    if not p.exit_level or load is None or load[0] <= 0:
+        return p.startup_exit
+    window = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight)
+    doublings = math.log(max(window / load[0], 1.0), p.slow_start_factor)
+    return float(p.startup_exit ** max(1.0, doublings))
+
+
+def _turned_over(p: Ramping, obs: Observation, load: tuple[float, float] | None) -> bool:
     """The interval's completions add up to the window we held: one round trip of it, so its rate says what
     the window buys (a poll shorter than a call compares a handful of completions)."""
     return not p.on("turnover-ramp") or load is None or obs.client_calls >= load[0]
 
 
-def _ramp_factor(p: Adaptive, obs: Observation) -> float:
+def _ramp_factor(p: Ramping, obs: Observation) -> float:
     """Alone, ``slow_start_factor`` per round trip the interval held (``calls / inflight_mean``), as TCP's slow
     start doubles per round trip, at most ``jump_max_factor``; only over an interval without a queue worth a
     cut. Beside peers one factor a poll: whoever polled first would take the engine."""
