@@ -26,10 +26,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("_fork", "bundled", "knobs", "extras", "state", "decision", "health", "observation", "signals.saturation"),
     ("signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
     ("config", "policies", "page_hold", "signals", "engine"),
-    ("controller", "guard", "gate.limiter", "gate.stats", "gate.outage", "gate.hold", "gate.outcome"),
+    ("controller", "guard", "gate.limiter", "gate.stats", "gate.outage", "gate.hold", "gate.outcome", "lease"),
     ("gate.model_limiter", "telemetry", "export"),
     ("runtime",),
-    ("gate", "hooks", "integrations", "ray"),
+    ("gate", "hooks", "integrations", "ray_coordinator"),
+    ("ray_job",),
+    ("ray",),
     ("lab", "emulator"),
 ]
 

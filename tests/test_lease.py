@@ -194,7 +194,8 @@ def test_a_worker_with_another_configuration_is_refused() -> None:
         book.request("b", 5, config=other, now=0.0)
     assert isinstance(refused.value, ValueError)
     message = str(refused.value)
-    assert "LeaseConfig(floor=8, ceiling=512)" in message and "LeaseConfig(floor=4, ceiling=512)" in message
+    assert "LeaseConfig(floor=8, ceiling=512, policy=None)" in message
+    assert "LeaseConfig(floor=4, ceiling=512, policy=None)" in message
     assert "'job-1'" in message and "'llama'" in message and "'b'" in message
     assert book.shares() == {"a": 5}
     with pytest.raises(ValueError, match="ceiling must be an int >= 1"):

@@ -8,12 +8,14 @@ the model from the same configuration; each test checks that from inside the wor
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,9 @@ FLOOR = 3  # max_parallel_calls in the configuration: what a worker that registe
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
+@contextmanager
+def local_ray(poll_s: float) -> Iterator[None]:
+    """A local Ray of two CPUs whose workers poll every ``poll_s`` and read no fleet-wide Prometheus."""
     temp_dir = tempfile.mkdtemp(prefix="mc-ray-")  # short: Ray's socket paths must fit in 107 bytes
     ray.init(
         address="local",
@@ -48,14 +51,22 @@ def ray_cluster() -> Iterator[None]:
         log_to_driver=False,
         object_store_memory=128 * 1024 * 1024,  # small and fixed: CI containers often have a small /dev/shm
         _temp_dir=temp_dir,
-        runtime_env={"env_vars": {"MODEL_CONCURRENCY_POLL_S": "0.2", "MODEL_CONCURRENCY_PROMETHEUS_URL": ""}},
+        runtime_env={"env_vars": {"MODEL_CONCURRENCY_POLL_S": str(poll_s), "MODEL_CONCURRENCY_PROMETHEUS_URL": ""}},
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         yield
     finally:
         ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        # Removed at exit, not now: Ray Data's log handler in this process keeps the first session's log file, so a
+        # later module's session would write into a removed directory.
+        atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    with local_ray(0.2):
+        yield
 
 
 @pytest.fixture(scope="module")

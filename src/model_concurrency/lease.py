@@ -16,7 +16,8 @@ from fractions import Fraction
 
 from model_concurrency.observation import CallStats
 
-__all__ = ["Fallback", "Grant", "LeaseBook", "LeaseConfig", "LeaseConfigError", "Ledger", "UnknownWorker", "split"]
+__all__ = ["Fallback", "Grant", "LeaseBook", "LeaseConfig", "LeaseConfigError", "Ledger", "UnknownWorker"]
+__all__ += ["add_stats", "split"]
 
 # A permit is one call in flight. A grant names two figures: ``permits``, the most calls the worker may have in
 # flight until its deadline (its own limiter is resized to it), and ``held``, what the book counts with it:
@@ -56,6 +57,8 @@ class LeaseConfig:
 
     floor: int
     ceiling: int
+    # The coordinator runs one policy for the whole job: a worker configured with another is refused. None: unstated.
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         _whole(self.floor, 1, "floor")
@@ -137,7 +140,7 @@ def split(target: int, demands: Mapping[str, int], weights: Mapping[str, float] 
     return shares
 
 
-def _add_stats(a: CallStats, b: CallStats) -> CallStats:
+def add_stats(a: CallStats, b: CallStats) -> CallStats:
     """Two workers' reports as one process's: counts and sums add, minima take the smaller."""
     merged: dict[str, object] = {}
     for f in fields(CallStats):
@@ -344,7 +347,7 @@ class LeaseBook:
     def _note(self, report: CallStats | None, tokens_used: int) -> None:
         self._tokens_used += _whole(tokens_used, 0, "tokens_used")
         if report is not None:
-            self._stats = _add_stats(self._stats, report)
+            self._stats = add_stats(self._stats, report)
 
     def _resplit(self) -> None:
         workers = self._workers

@@ -1,10 +1,12 @@
 """The fan-out inside Ray: Ray Data ``map_batches``, plain actors and tasks.
 
-Each Ray worker process is one client, with its own registry, controller and limiter, like one TCP flow: there is
-no coordinator, and none is needed (docs/scale-out.md). What every worker must share is the configuration, so a
-:class:`FanOut` carries it (a TOML path, a parsed ``{"models": {...}}`` mapping, or :class:`ModelSpec` objects)
-with the model and the per-item function. It is plain data, pickled to each worker, where :func:`configure`
-registers the models once per process before the first item.
+Each Ray worker process is one client, with its own registry, controller and limiter, like one TCP flow, unless
+the fan-out names a job: ``FanOut(..., job="name")`` makes the workers of that job share one runtime per model,
+owned by a coordinator actor (:func:`coordinator_name`), which alone polls the engine and leases each worker its
+share of the job's target (:mod:`model_concurrency.ray_job`; docs/scale-out.md). What every worker must share
+is the configuration, so a :class:`FanOut` carries it (a TOML path, a parsed ``{"models": {...}}`` mapping, or
+:class:`ModelSpec` objects) with the model and the per-item function. It is plain data, pickled to each worker,
+where :func:`configure` registers the models once per process before the first item.
 
 Ray is imported only by :func:`fan_out_actor` and :func:`fan_out_task`, so this module imports without the
 ``[ray]`` extra; :class:`MapBatches` needs numpy, which Ray Data brings.
@@ -33,17 +35,20 @@ from model_concurrency import (
 from model_concurrency import config as _config
 from model_concurrency.config import registered_models, spec_fields
 from model_concurrency.extras import require
+from model_concurrency.ray_job import NAMESPACE, coordinator_name, run_in_job
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
+    "NAMESPACE",
     "PROMETHEUS_URL",
     "FanOut",
     "FanOutWorker",
     "MapBatches",
     "ModelsConfig",
     "configure",
+    "coordinator_name",
     "fan_out_actor",
     "fan_out_task",
     "run_fan_out",
@@ -133,6 +138,11 @@ class FanOut:
     Picklable when ``fn`` is (a module-level function or a picklable callable object; Ray pickles closures with
     cloudpickle too). ``return_exceptions=True`` puts each failed item's exception in its place instead of
     raising the first one, so a batch is never lost to one bad item.
+
+    ``job``: the workers running this fan-out under that name are one client of the model, not one each. The
+    first to run it creates the (job, model) coordinator actor; each then runs under a lease of the job's target
+    (:mod:`model_concurrency.ray_job`). The floor and ceiling are then the job's, and every worker must state the
+    same ones (and the same policy): one that does not is refused with an error naming both.
     """
 
     fn: Callable[[Any], Any]
@@ -141,6 +151,7 @@ class FanOut:
     return_exceptions: bool = False
     timeout: float | None = None
     prometheus_url: str | None = None
+    job: str | None = None
 
     def configure(self) -> tuple[ModelSpec, ...]:
         """Register the models in this process (once) and check that ``model`` names one of them (or a role)."""
@@ -151,12 +162,20 @@ class FanOut:
 
     def __call__(self, items: Iterable[Any]) -> list[Any]:
         self.configure()
+        if self.job is None:
+            return self._run(items, self.fn)
+        # The coordinator is built from the fan-out without its function: it makes no call and needs none.
+        return run_in_job(self.job, replace(self, fn=_no_call, job=None), self.fn, list(items), self._run)
+
+    def _run(self, items: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
         # Two literal branches, so the gate's overloads (result types by return_exceptions) apply.
         if self.return_exceptions:
-            return list(
-                map_concurrent_sync(items, self.fn, model=self.model, return_exceptions=True, timeout=self.timeout)
-            )
-        return list(map_concurrent_sync(items, self.fn, model=self.model, timeout=self.timeout))
+            return list(map_concurrent_sync(items, fn, model=self.model, return_exceptions=True, timeout=self.timeout))
+        return list(map_concurrent_sync(items, fn, model=self.model, timeout=self.timeout))
+
+
+def _no_call(item: Any) -> Any:
+    raise RuntimeError("a job's coordinator runs no item")
 
 
 def run_fan_out(fan_out: FanOut, items: Sequence[Any]) -> list[Any]:

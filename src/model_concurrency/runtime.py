@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the gate imports this module; its own modules are imported 
 
 __all__ = [
     "DEFAULT_POLICY",
+    "LeaseView",
     "Limits",
     "ModelRuntime",
     "RuntimeSettings",
@@ -224,6 +225,16 @@ class Limits(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseView:
+    """A worker's lease from its job's coordinator, as its runtime applies and publishes it (ray_job.py)."""
+
+    job: str
+    permits: int | None  # the grant's limit; None: the lease lapsed and the runtime decides on its own
+    tokens: int | None = None
+    job_target: int | None = None  # the job's target at the last grant
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeSettings:
     """Fixed knobs for a runtime that must not read the environment (the lab passes its scenario's).
 
@@ -256,6 +267,7 @@ class ModelRuntime:
         publish: bool = True,
         poll_loop: asyncio.AbstractEventLoop | None = None,
         stated_limits: StatedLimits | None = None,
+        recorder: CallRecorder | None = None,
     ) -> None:
         """``limiter``, ``settings`` and ``publish=False`` make a runtime whose caller owns the clock and the
         schedule (the lab's :class:`~model_concurrency.lab.client.SimClient`): its calls are counted in the
@@ -269,7 +281,10 @@ class ModelRuntime:
 
         ``stated_limits``: the engines' limits as their operator states them, instead of the spec's
         (``max_num_seqs``, ``max_num_batched_tokens`` over ``parallel_instances`` engines); the lab's clients, which
-        have no spec, are told them this way. Either way every poll merges them with the page's by one rule."""
+        have no spec, are told them this way. Either way every poll merges them with the page's by one rule.
+
+        ``recorder``: where the poll drains the calls since the previous one; a job's coordinator (ray_job.py)
+        gives one that reads its workers' reports, since its own process makes no call."""
         self.spec = spec
         self.name = spec.name if spec is not None else (name or "default")
         # The registry's count of this name's registrations when built: runtime_for rebuilds once it moves.
@@ -278,7 +293,9 @@ class ModelRuntime:
         chosen = policy if policy is not None else _policy_for(spec)
         self.source = source if source is not None else _default_source(spec, chosen)
         self.core = ControllerCore(policy=chosen, name=self.name)
-        self.calls = CallRecorder()
+        self.calls = recorder if recorder is not None else CallRecorder()
+        # Under a job's coordinator (ray_job.py) the limit is the worker's grant and this runtime does not poll.
+        self.lease_view: LeaseView | None = None
         self._floor_override = floor
         self.settings = settings
         self._publish = publish
@@ -335,14 +352,41 @@ class ModelRuntime:
         return self.source is not None and adaptive_enabled()
 
     def current(self) -> int:
-        """The limit in force now, without polling (hot paths, dashboards)."""
+        """The limit in force now, without polling (hot paths, dashboards): a job's grant while one holds."""
+        lease = self.lease_view
+        if lease is not None and lease.permits is not None:
+            return lease.permits
         return self.core.target if self.adaptive else self.floor
 
     peek = current
 
     def current_budget(self) -> int | None:
         """The token budget in force now (None: not enforced; only weighted calls are bound by it)."""
+        lease = self.lease_view
+        if lease is not None and lease.permits is not None:
+            return lease.tokens
         return self.core.token_budget if self.adaptive else None
+
+    def leased(self) -> bool:
+        """Whether a job's grant sets the limit now (the coordinator polls; this runtime does not)."""
+        lease = self.lease_view
+        return lease is not None and lease.permits is not None
+
+    def lease(self, view: LeaseView | None, *, start: int | None = None) -> int:
+        """Set what a job's lease says (ray_job.py, the worker's only writer of it) and apply the limits.
+
+        A view with permits: the grant is the limit, and no poll runs here. A view without (the lease lapsed) or
+        None (the worker left its job): this runtime decides again on its own, from ``start`` (within its bounds)
+        and with a poll at once, since it has not read the engine while the grant held."""
+        with self._lock:
+            self.lease_view = view
+            if start is not None and (view is None or view.permits is None):
+                self.core.target_value = float(max(1, start))
+                self.core.set_bounds(self.floor, self.core.ceiling)
+                self.core.next_poll_at = self.clock()
+            if self._publish:
+                self.published = self._state_locked()
+        return self.apply_limits()
 
     def apply_limits(self) -> int:
         """Bring the limiter to the limits in force (the request count and the token budget); returns the count.
@@ -434,7 +478,7 @@ class ModelRuntime:
             inflight=self.limits.inflight(),
             inflight_tokens=self.limits.units(),
             token_budget=self.current_budget(),
-            current_target=core.target,
+            current_target=self.current() if self.leased() else core.target,
             floor=core.lower,
             ceiling=core.upper,
             metrics_ok=core.last_ok,
@@ -458,7 +502,19 @@ class ModelRuntime:
             outage_s=max(0.0, self.clock() - since) if since is not None else None,
             hold_backoff=self.limits.hold.factor,
             limits=self._limits_view(obs),
+            **self._job_view(),
         )
+
+    def _job_view(self) -> dict[str, Any]:
+        lease = self.lease_view
+        if lease is None:
+            return {}
+        return {
+            "job": lease.job,
+            "grant": lease.permits,
+            "job_target": lease.job_target,
+            "lease_lapsed": lease.permits is None,
+        }
 
     def _limits_view(self, obs: Observation | None) -> dict[str, Any] | None:
         """The limits last merged into an Observation; before the first poll, the stated ones alone."""
@@ -596,7 +652,7 @@ class ModelRuntime:
         with self._lock:
             # While the model is unreachable by its own calls (gate/outage.py) a poll says nothing new: the
             # target is kept for when it returns, the limiter meanwhile admits one probe at a time.
-            if self._polling or not self.core.poll_due(now) or self.limits.hold.outage.active:
+            if self._polling or not self.core.poll_due(now) or self.limits.hold.outage.active or self.leased():
                 return False
             self._polling = True
             self._refresh_knobs()

@@ -69,6 +69,13 @@ class RuntimeState:
     # all engines), ``max_num_batched_tokens`` (one engine's step), ``kv_cache_tokens`` (all engines),
     # ``kv_cache_max_concurrency``, and ``source``: per known field, where it came from. None: nothing known.
     limits: dict[str, Any] | None = None
+    # A worker of a job (model_concurrency.ray, ``FanOut(job=...)``): the job's name, this worker's grant from the
+    # job's coordinator (the limit it runs at), the job's target at that grant, and whether the lease lapsed (the
+    # coordinator did not answer in time, so this worker decides on its own until one answers again).
+    job: str | None = None
+    grant: int | None = None
+    job_target: int | None = None
+    lease_lapsed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (what ``get_utilization`` returns)."""
