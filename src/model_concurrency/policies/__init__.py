@@ -1,6 +1,6 @@
 """Policies: pure decisions from an Observation to the next concurrency target.
 
-Built-ins (docs/policies.md): ``adaptive`` (the production default), ``adaptive-core`` (issue 22's small core),
+Built-ins (docs/policies.md): ``adaptive`` (the production default), ``adaptive-core`` (a small DCTCP-style policy),
 ``aimd``, ``seed-aimd`` (the original rules, flaws kept), ``aimd-slowstart``, ``queue``, ``gradient``,
 ``setpoint``, ``capacity`` and ``static``.
 :func:`load_policy` builds any of them, a preset (``policies/*.toml``), a ``module:Class`` or an entry point by name.

@@ -1,4 +1,4 @@
-"""The adaptive core: a graded cut, growth paced by turnover, and an explicit knee (issue 22, item 3).
+"""The adaptive core: a graded cut, growth paced by turnover, and an explicit knee.
 
 Four rules, each read from the interval since the previous poll rather than from one instant
 (``Observation.started`` / ``queue_waits``, signals/interval.py):

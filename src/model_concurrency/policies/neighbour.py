@@ -1,4 +1,4 @@
-"""Adaptive-neighbour: the default policy, made a good neighbour to the engine's other tenants (issue 23, item 2).
+"""Adaptive-neighbour: the default policy, made a good neighbour to the engine's other tenants.
 
 A batch job rarely owns the engine it calls: a chat UI or agents share it, and when the batch fills the engine
 they pay first, in time to first token (docs/neighbour.md). ``adaptive`` fills whatever the engine has; this

@@ -7,7 +7,7 @@ resolves it, first match wins:
 2. ``module:Class`` (a colon): ``package.module:Class`` is imported; ``some/file.py:Class`` is loaded from that
    file (relative paths are relative to the current directory, or, inside a preset, to the preset's folder);
 3. a built-in name (:data:`BUILTIN_POLICIES`); built-ins cannot be shadowed, so ``aimd`` always means the
-   production default;
+   built-in rule;
 4. a preset name: ``NAME.toml`` (or a file whose ``name`` key is NAME) in the folders listed in
    ``MODEL_CONCURRENCY_POLICY_PATH`` (``os.pathsep``-separated, searched first) and then the repository's
    ``policies/`` folder;
@@ -79,9 +79,9 @@ BUILTIN_POLICIES: dict[str, Callable[..., Policy]] = {
     "setpoint": Setpoint,
     "capacity": Capacity,
     "adaptive": Adaptive,
-    # The small core of issue 22 (policies/core.py), beside the default until the generator says it is better.
+    # A small DCTCP-style policy (policies/core.py): more goodput for more queueing.
     "adaptive-core": AdaptiveCore,
-    # Issue 23's neighbour mode (policies/neighbour.py): adaptive, plus a cut at a neighbour's burst and headroom.
+    # The neighbour mode (policies/neighbour.py): adaptive, plus a cut at a neighbour's burst and headroom.
     "adaptive-neighbour": AdaptiveNeighbour,
     "static": Static,
     # The direct peers (policies/peers.py), from their published rules.
