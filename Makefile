@@ -42,7 +42,7 @@ wheel: setup
 # scenario generator (seed 41, 200 draws at full length) with the default policy and its peers, plus the quick live
 # checks (benchmarks/conformance.py --quick); the page's tables are written from their CSVs, each beside the command
 # that made it. Work files go to out/report (`model-concurrency report --from out/report` rewrites the page from
-# them). About an hour on two cores with the oracles cached, longer on the first run.
+# them). Roughly 40 minutes on two idle cores with the oracle sweeps cached, about an hour without.
 results: setup
 	$(BIN)/model-concurrency report --out docs/results.md
 
