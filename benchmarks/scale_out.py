@@ -15,6 +15,14 @@ last line is the median of ``--runs`` runs (goal: makespan ratio <= 1.05, Jain >
 
     .venv/bin/python benchmarks/scale_out.py                       # 4 actors, 3 runs, a few minutes
     .venv/bin/python benchmarks/scale_out.py --actors 2 --items 400 --runs 1 --statics 8,32
+
+``--job`` adds the coordinated mode to every run: the same actors as workers of one job
+(``FanOut(..., job=...)``), so each engine's workers lease from one coordinator, which alone reads that engine.
+Each engine's ``/metrics`` is then read through a counting loopback proxy, and "scrapes per poll" is the scrapes
+an engine served per poll interval of the run (the independent clients' figure is their count per engine). The
+job's floor is the engine's: the per-actor floor times the actors on that engine, so both modes start at the same
+total. ``--job`` also measures the lease's overhead: one actor runs ``--overhead-items`` items of a 2 ms sleep at
+512 in flight (a static 512), alone and as a job's only worker; the figure is the actor's CPU per item.
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -73,12 +82,56 @@ def _scrape(emulators: list[RunningEmulator], client: httpx.Client) -> list[Any]
     return [parse_vllm_metrics(client.get(e.metrics_url).text, e.model) for e in emulators]
 
 
+class CountingProxy:
+    """A loopback server in front of one engine's ``/metrics``: forwards each GET and counts it."""
+
+    def __init__(self, target: str) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                with proxy.lock:
+                    proxy.count += 1
+                upstream = httpx.get(target, timeout=10)
+                body = upstream.content
+                self.send_response(upstream.status_code)
+                self.send_header("Content-Type", upstream.headers.get("content-type", "text/plain"))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.count = 0
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def take(self) -> int:
+        with self.lock:
+            count, self.count = self.count, 0
+            return count
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def one_run(
-    name: str, emulators: list[RunningEmulator], policy: str, per_actor: int, args: argparse.Namespace
+    name: str,
+    emulators: list[RunningEmulator],
+    policy: str,
+    per_actor: int,
+    args: argparse.Namespace,
+    proxies: list[CountingProxy],
+    job: str | None = None,
 ) -> dict[str, float]:
     import ray
 
-    from model_concurrency.ray import FanOut, fan_out_actor
+    from model_concurrency.ray import NAMESPACE, FanOut, coordinator_name, fan_out_actor
 
     for emu in emulators:
         emu.set_capacity(max_num_seqs=OLD_SEQS)
@@ -89,20 +142,25 @@ def one_run(
 
     actors = []
     for i in range(args.actors):
-        emu = emulators[i % len(emulators)]
-        config = {
-            "models": {
-                "bge": {
-                    "base_url": emu.base_url,
-                    "served_model_name": emu.model,
-                    "max_parallel_calls": per_actor,
-                    "policy": policy,
-                }
-            }
+        engine = i % len(emulators)
+        emu = emulators[engine]
+        # A job's floor is the whole job's on that engine: the per-actor floor times the actors sharing it.
+        sharing = len(range(engine, args.actors, len(emulators)))
+        table = {
+            "base_url": emu.base_url,
+            "served_model_name": emu.model,
+            "max_parallel_calls": per_actor * sharing if job else per_actor,
+            "policy": policy,
         }
-        fan_out = FanOut(Embed(emu.base_url, emu.model), model="bge", config=config)
+        if args.job:
+            table["metrics_url"] = proxies[engine].url
+        # One model per engine: a job has one coordinator per (job, model), so one per engine.
+        model = f"bge{engine}"
+        fan_out = FanOut(Embed(emu.base_url, emu.model), model=model, config={"models": {model: table}}, job=job)
         actors.append(fan_out_actor(num_cpus=0.25).remote(fan_out))  # a fresh client: no controller carried over
     ray.get([a.utilization.remote() for a in actors])  # every actor up and configured before the clock starts
+    for proxy in proxies:
+        proxy.take()
     stop = threading.Event()
     samples: list[bool] = []
     raised: list[float] = []
@@ -135,8 +193,12 @@ def one_run(
     finally:
         stop.set()
         watcher.join()
+        scrapes = [proxy.take() for proxy in proxies]
         for actor in actors:
             ray.kill(actor)
+        for engine in range(len(emulators) if job else 0):
+            with suppress(ValueError):  # already gone
+                ray.kill(ray.get_actor(coordinator_name(job, f"bge{engine}"), namespace=NAMESPACE))
     makespan = max(finished.values())
     assert done == args.items, "items lost"
     # Each actor's throughput over its own time: an actor that got less of the engines finishes later.
@@ -145,21 +207,65 @@ def one_run(
         "makespan_s": makespan,
         "jain": jain_index(throughputs),
         "saturated": sum(samples) / max(1, len(samples)),
+        # Scrapes each engine served per poll interval of the run.
+        "scrapes_per_poll": statistics.mean(scrapes) / (makespan / args.poll_s) if scrapes else float("nan"),
     }
+    per_poll = f", scrapes per poll {result['scrapes_per_poll']:.2f}" if scrapes else ""
     print(f"  {name}: {makespan:.1f} s, {args.items / makespan:.0f} items/s, jain {result['jain']:.3f}, "
-          f"saturated {result['saturated']:.0%}", file=sys.stderr, flush=True)  # fmt: skip
+          f"saturated {result['saturated']:.0%}{per_poll}", file=sys.stderr, flush=True)  # fmt: skip
     return result
+
+
+@dataclass(frozen=True)
+class Nap:
+    """An item that costs the engine nothing: a 2 ms sleep (the lease's overhead is what is left)."""
+
+    def __call__(self, item: int) -> int:
+        time.sleep(0.002)
+        return item
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux ``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def overhead(args: argparse.Namespace, emu: RunningEmulator, job: str | None) -> float:
+    """Microseconds of the actor's CPU per item at 512 in flight (a static 512: the lease is all that differs)."""
+    import ray
+
+    from model_concurrency.ray import NAMESPACE, FanOut, coordinator_name, fan_out_actor
+
+    table = {"base_url": emu.base_url, "served_model_name": emu.model, "max_parallel_calls": 512, "policy": "static"}
+    fan_out = FanOut(Nap(), model="nap", config={"models": {"nap": table}}, job=job)
+    actor = fan_out_actor(num_cpus=0.25).remote(fan_out)
+    pid = ray.get(actor.utilization.remote())["pid"]
+    ray.get(actor.map.remote(list(range(2048))))  # warm: the thread pool grown, the lease taken
+    before = _cpu_s(pid)
+    done = ray.get(actor.map.remote(list(range(args.overhead_items))))
+    cost = (_cpu_s(pid) - before) / len(done) * 1e6
+    ray.kill(actor)
+    if job:
+        ray.kill(ray.get_actor(coordinator_name(job, "nap"), namespace=NAMESPACE))
+    return cost
 
 
 def main(args: argparse.Namespace) -> int:
     import ray
 
-    poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as benchmarks/live_peers.py
+    poll_s = args.poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as live_peers.py
     temp_dir = tempfile.mkdtemp(prefix="mc-ray-")  # short: Ray's socket paths must fit in 107 bytes
     config = EmulatorConfig(preset="bge-m3", max_num_seqs=OLD_SEQS, time_scale=args.time_scale, simulate_frontend=False)
     rows: list[tuple[float, float, float]] = []
+    job_rows: list[tuple[float, float, float, float]] = []
+    costs: list[tuple[float, float]] = []
     with ExitStack() as stack:
         emulators = [stack.enter_context(serve_in_processes(config)) for _ in range(2)]
+        proxies = [CountingProxy(e.metrics_url) for e in emulators] if args.job else []
+        for proxy in proxies:
+            stack.callback(proxy.close)
         ray.init(
             address="local",
             num_cpus=2,
@@ -179,19 +285,39 @@ def main(args: argparse.Namespace) -> int:
         stack.callback(ray.shutdown)
         for run in range(args.runs):
             print(f"run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
-            ours = one_run(f"{args.policy} (floor {FLOOR})", emulators, args.policy, FLOOR, args)
-            statics = {n: one_run(f"static {n} per actor", emulators, "static", n, args) for n in args.statics}
+            ours = one_run(f"{args.policy} (floor {FLOOR})", emulators, args.policy, FLOOR, args, proxies)
+            statics = {n: one_run(f"static {n} per actor", emulators, "static", n, args, proxies) for n in args.statics}
             best_n, best = min(statics.items(), key=lambda kv: kv[1]["makespan_s"])
             ratio = ours["makespan_s"] / best["makespan_s"]
             print(f"run {run + 1}: makespan vs best static ({best_n} per actor) {ratio:.3f}, jain {ours['jain']:.3f}, "
                   f"saturated {ours['saturated']:.0%}")  # fmt: skip
             rows.append((ratio, ours["jain"], ours["saturated"]))
+            if args.job:
+                name = f"{args.policy} as one job (floor {FLOOR} x actors per engine)"
+                coordinated = one_run(name, emulators, args.policy, FLOOR, args, proxies, job=f"scale-out-{run}")
+                job_ratio = coordinated["makespan_s"] / best["makespan_s"]
+                print(f"run {run + 1}: job: makespan vs best static {job_ratio:.3f}, jain {coordinated['jain']:.3f}, "
+                      f"saturated {coordinated['saturated']:.0%}, "
+                      f"scrapes per poll {coordinated['scrapes_per_poll']:.2f}")  # fmt: skip
+                figures = (coordinated["jain"], coordinated["saturated"], coordinated["scrapes_per_poll"])
+                job_rows.append((job_ratio, *figures))
+                alone, leased = overhead(args, emulators[0], None), overhead(args, emulators[0], f"overhead-{run}")
+                print(f"run {run + 1}: lease overhead at 512 in flight: {alone:.0f} us CPU per item alone, "
+                      f"{leased:.0f} us as a job's worker")  # fmt: skip
+                costs.append((alone, leased))
     x = statistics.median(r[0] for r in rows)
     j = statistics.median(r[1] for r in rows)
     s = statistics.median(r[2] for r in rows)
     print(f"{args.items} items, {args.actors} actors over 2 emulators (max_num_seqs {OLD_SEQS} -> {2 * OLD_SEQS} "
           f"halfway), time scale {args.time_scale}, median of {args.runs} runs")  # fmt: skip
-    print(f"scale-out: actors {args.actors}, makespan vs best static {x:.3f}, jain {j:.3f}, saturated {s:.0%}")
+    line = f"scale-out: actors {args.actors}, makespan vs best static {x:.3f}, jain {j:.3f}, saturated {s:.0%}"
+    if job_rows:
+        jx, jj, js, jk = (statistics.median(r[i] for r in job_rows) for i in range(4))
+        alone, leased = (statistics.median(c[i] for c in costs) for i in range(2))
+        print(f"lease overhead at 512 in flight: {alone:.0f} us CPU per item alone, {leased:.0f} us as a job's worker "
+              f"({leased / alone:.2f}x), {args.overhead_items} items of a 2 ms sleep")  # fmt: skip
+        line += f"; job: makespan vs best static {jx:.2f}, jain {jj:.2f}, saturated {js:.0%}, scrapes per poll {jk:.2f}"
+    print(line)
     return 0
 
 
@@ -204,4 +330,6 @@ if __name__ == "__main__":
     parser.add_argument("--time-scale", type=float, default=0.025, help="emulated seconds per wall second")
     parser.add_argument("--input-chars", type=int, default=32, help="characters per input (≈ chars/4 tokens)")
     parser.add_argument("--statics", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
+    parser.add_argument("--job", action="store_true", help="add the coordinated mode (one job) and the lease overhead")
+    parser.add_argument("--overhead-items", type=int, default=20000, help="items per lease-overhead measurement")
     sys.exit(main(parser.parse_args()))

@@ -25,6 +25,7 @@ from model_concurrency import get_utilization
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_thread
 from model_concurrency.lease import LeaseConfigError
 from model_concurrency.ray import NAMESPACE, FanOut, MapBatches, coordinator_name, fan_out_actor
+from model_concurrency.runtime import LeaseView, ModelRuntime
 from servers import Behaviour, EngineState, MetricsServer, metrics_server, vllm_page
 from test_ray import local_ray
 
@@ -185,9 +186,14 @@ def test_workers_share_the_target_and_a_killed_workers_permits_come_back(
     assert arrived <= sum(max(1, h) for h in held.values())
     assert state["inflight"] == sum(held.values())
 
-    # The worker that runs the most calls holds the most permits (calls wait at the gate, so holdings stand still).
-    started = [sum(1 for path, _ in gate.requests if path.startswith(f"/{tag}-")) for tag in "ab"]
-    heavy = started.index(max(started))
+    # The worker that holds the most permits runs that many calls once its limiter has started them (calls wait at
+    # the gate, so holdings stand still); the other runs fewer.
+    def started() -> list[int] | None:
+        counts = [sum(1 for path, _ in gate.requests if path.startswith(f"/{tag}-")) for tag in "ab"]
+        return counts if max(counts) == max(held.values()) else None
+
+    counts = wait_for(started, "the larger holder runs its calls")
+    heavy = counts.index(max(counts))
     ray.kill(actors.pop(heavy))  # its calls die with it; its grant comes back only at its lease's deadline
     state = wait_for(state_with(job, 1), "the killed worker's lease expired")
     ledger = state["ledger"]
@@ -237,3 +243,16 @@ def test_a_worker_with_another_floor_is_refused(ray_cluster: None, emulator: Run
     alone = ray.get(independent.map.remote(items(5)), timeout=120)
     assert [r["job"] for r in alone] == [None] * 5
     end(job, [first, second, independent])
+
+
+def test_a_lease_sets_the_workers_limits_and_its_published_state() -> None:
+    """The worker's runtime under a grant (no Ray needed): the grant is the limit, a grant of no tokens still lets
+    one weighted call through (the limiter's least budget), and the published state says whose lease it is."""
+    runtime = ModelRuntime(None, name="leased")
+    assert runtime.lease(LeaseView("j", 3, tokens=0, job_target=6)) == 3
+    assert (runtime.limiter.limit, runtime.current_budget(), runtime.leased()) == (3, 1, True)
+    state = runtime.state()
+    assert (state.job, state.grant, state.job_target, state.lease_lapsed, state.current_target) == ("j", 3, 6, False, 3)
+    runtime.lease(LeaseView("j", None, job_target=6), start=5)  # lapsed: the runtime decides alone again
+    state = runtime.state()
+    assert (runtime.leased(), state.grant, state.lease_lapsed, runtime.current_budget()) == (False, None, True, None)

@@ -35,7 +35,7 @@ from model_concurrency import (
 from model_concurrency import config as _config
 from model_concurrency.config import registered_models, spec_fields
 from model_concurrency.extras import require
-from model_concurrency.ray_job import NAMESPACE, coordinator_name, run_in_job
+from model_concurrency.ray_job import NAMESPACE, coordinator_name, prepare_job, run_in_job
 
 if TYPE_CHECKING:
     import numpy as np
@@ -164,8 +164,17 @@ class FanOut:
         self.configure()
         if self.job is None:
             return self._run(items, self.fn)
-        # The coordinator is built from the fan-out without its function: it makes no call and needs none.
-        return run_in_job(self.job, replace(self, fn=_no_call, job=None), self.fn, list(items), self._run)
+        return run_in_job(self.job, self._creator(), self.fn, list(items), self._run)
+
+    def prepare(self) -> None:
+        """Configure this process and, for a job, bring its coordinator up before the first item."""
+        self.configure()
+        if self.job is not None:
+            prepare_job(self.job, self._creator())
+
+    def _creator(self) -> FanOut:
+        """What a job's coordinator is built from: this fan-out without its function (it makes no call)."""
+        return replace(self, fn=_no_call, job=None)
 
     def _run(self, items: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
         # Two literal branches, so the gate's overloads (result types by return_exceptions) apply.
@@ -188,6 +197,7 @@ class FanOutWorker:
 
     def __init__(self, fan_out: FanOut) -> None:
         self.fan_out = fan_out
+        fan_out.prepare()
         self.models = [spec.name for spec in fan_out.configure()]
 
     def map(self, items: Sequence[Any]) -> list[Any]:
@@ -210,7 +220,7 @@ class MapBatches:
         self.fan_out = fan_out
         self.column = column
         self.output_column = output_column
-        fan_out.configure()
+        fan_out.prepare()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         np = require("numpy", "ray", "model_concurrency.ray.MapBatches")

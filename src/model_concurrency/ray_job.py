@@ -44,7 +44,7 @@ from model_concurrency.ray_coordinator import (
 )
 from model_concurrency.runtime import LeaseView, ModelRuntime, runtime_for
 
-__all__ = ["NAMESPACE", "coordinator_name", "run_in_job"]
+__all__ = ["NAMESPACE", "coordinator_name", "prepare_job", "run_in_job"]
 
 log = logging.getLogger("model_concurrency")
 
@@ -326,3 +326,18 @@ def run_in_job(
     client = _client(job_name(job), runtime, creator, lease_config_for(runtime.spec))
     with client.fan_out(len(items)) as tick:
         return run(items, counted(fn, tick))
+
+
+def prepare_job(job: str, creator: Configurable) -> None:
+    """Find or create the (job, model) coordinator now, before any item: an actor or a Data pool calls this when
+    it is built, so its first batch does not wait for the coordinator's process to start. Joining waits for the
+    first fan-out; a coordinator that cannot be reached now is only logged (the first fan-out asks again)."""
+    ray = require("ray", "ray", "model_concurrency.ray_job")
+    runtime = runtime_for(creator.model)
+    if runtime.spec is None:
+        raise ValueError(f"model {creator.model!r} is not registered in this worker")
+    handle = coordinator(job_name(job), runtime.name, creator, lease_config_for(runtime.spec))
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=JOIN_WAIT_S)
+    except Exception as exc:
+        log.warning("job %s, model %s: the coordinator is not up yet (%s)", job, runtime.name, type(exc).__name__)

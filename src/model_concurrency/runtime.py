@@ -363,8 +363,8 @@ class ModelRuntime:
     def current_budget(self) -> int | None:
         """The token budget in force now (None: not enforced; only weighted calls are bound by it)."""
         lease = self.lease_view
-        if lease is not None and lease.permits is not None:
-            return lease.tokens
+        if lease is not None and lease.permits is not None:  # a grant of no tokens still lets one call through
+            return None if lease.tokens is None else max(1, lease.tokens)
         return self.core.token_budget if self.adaptive else None
 
     def leased(self) -> bool:
