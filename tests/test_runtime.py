@@ -54,8 +54,9 @@ def test_usage_meter_sees_the_whole_interval(ops: list[tuple[str, float]]) -> No
         elif op == "resize":
             limiter.resize(int(arg))
         elif op == "wait":
-            area += before * arg
+            at = clock.now
             clock.advance(arg)
+            area += before * (clock.now - at)  # the clock's own step: a float sum rounds, and the meter reads it
         elif op == "poll":
             usage = limiter.take_usage()
             assert usage.inflight == limiter.inflight() == held

@@ -133,7 +133,7 @@ def engine_view(
 
     ``running`` at the poll instant misses short calls: an embedding spends a few milliseconds on the engine and
     most of its round trip on the wire, so a pool that was full all interval is rarely caught running, and the
-    application-limited rule held the hook at its floor on embedding engines (issue 27). Interval figures go
+    application-limited rule would hold the hook at its floor on embedding engines. Interval figures go
     in instead, from the engine's counters since the previous reading ``before``:
 
     * the calls finished (``request_success``) and their mean latency (the e2e histogram's sum over them), as the
