@@ -4,24 +4,25 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
 
 * **rescale** (``rescale_threshold``): the summed KV block count changed, so engines were added or lost; the
   target and everything learnt scale by the same factor at once.
-* **saturated**: requests wait for capacity, or KV usage is at ``kv_high``. The target is cut to
-  ``decrease_factor`` × the served share (our in-flight times the share of the engine's load it runs), and the
-  engine's ``running`` is recorded as a capacity sample when it is the most the engine has run. A stated sequence
-  limit (``Observation.limits``) makes a queue while ``running`` is below it a wait for tokens, not a wall: it is
-  cut only when the interval's requests waited a cut's worth.
+* **saturated**: requests wait for capacity, or ``running`` is back at the most the engine ran while saturated
+  (a capacity sample, ``window_polls`` of them within ``window_s``). The target is cut to ``decrease_factor`` × the
+  served share (our in-flight times the share of the engine's load it runs), remembered as the level ``W``. A
+  stated sequence limit (``Observation.limits``) makes a queue while ``running`` is below it a wait for tokens, not
+  a wall: it is cut only when the interval's requests waited a cut's worth.
 * **application-limited** (``near_full``): our peak in flight did not fill the window; hold.
-* **first ramp** (nothing learnt yet): grow ``slow_start_factor`` per round trip of our calls, at most
-  ``jump_max_factor`` a poll; alone on the engine, jump ``jump_fraction`` of the way to the bound the KV cache
-  (and a stated sequence limit) puts on our in-flight. It ends when a growth bought too little rate
-  (``startup_exit`` per doubling), when the engine stopped taking our growth, or at the first queue.
-* **below the goal** (``slow_start_below``): far under the last saturation, slow start back to
-  ``decrease_factor`` × the goal; beside peers, after our own cuts, the additive step instead.
+* **first ramp** (nothing learnt yet, policies/first_ramp.py): grow ``slow_start_factor`` per round trip of our
+  calls, at most ``jump_max_factor`` a poll; alone on the engine, jump ``jump_fraction`` of the way to the bound
+  the KV cache (and a stated sequence limit) puts on our in-flight. It ends at the first queue, or when the engine
+  stopped taking our growth.
+* **below the goal** (``slow_start_below``): far under ``W`` (or our share of the sampled capacity), slow start back
+  to ``decrease_factor`` × it; beside peers, after our own cuts, the additive step instead.
 * **additive increase** (``increase_step``): the same absolute step for every client, so shares converge.
-* **probe**: above the goal, steps that double each clean poll (alone; beside peers they stay one step).
+* **probe**: above the goal, steps that double each clean poll alone on the engine (beside peers, who all probe,
+  they stay one step).
 
-Every growth is capped where KV usage would reach ``kv_high`` and, with a stated sequence limit, at our share of
-it. One-step (pooling) engines keep a second batch queued, and their knee is two batches. ``without`` switches
-rules off by name (:data:`RULES`): how the ablation measures what each one earns (docs/policies.md).
+With a stated sequence limit, growth stops at our share of it. One-step (pooling) engines keep a second batch
+queued, and their knee is two batches. ``without`` switches rules off by name (:data:`RULES`): how the ablation
+measures what each one earns (docs/policies.md, "The default").
 """
 
 from __future__ import annotations
@@ -40,15 +41,15 @@ from model_concurrency.policies._common import (
     pipelined_share,
     sustainable,
 )
-from model_concurrency.policies.kv import KvEstimate, kv_cap, kv_estimate
+from model_concurrency.policies.kv import KvEstimate, kv_estimate
 from model_concurrency.policies.token_budget import TokenBudget, TokenSide
 
 __all__ = ["RULES", "Adaptive", "KvEstimate"]
 
 #: The rules ``without`` can switch off, each a mechanism with no number of its own to switch it off by.
-RULES = frozenset({"capacity-samples", "engine-full-exit", "kv-jump", "turnover-ramp", "admission-hold"}) | {
+RULES = frozenset({"capacity-samples", "inferred-saturation", "engine-full-exit", "kv-jump", "turnover-ramp"}) | {
+    "admission-hold",
     "one-step",
-    "restore",
     "probe",
     "stated-limits",
 }
@@ -63,13 +64,11 @@ class Adaptive:
     Parameters (docs/policies.md has each with its range and what removing it costs):
         slow_start_factor: growth per round trip on the first ramp and far below the goal; the probes' growth.
         slow_start_below: slow start while the target is under this share of the goal.
-        startup_exit: a doubling must raise our completion rate by this factor, else the first ramp ends.
-        decrease_factor: a saturated poll cuts to this share of the served share; the restore returns here.
+        decrease_factor: a saturated poll cuts to this share of the served share; slow start returns here.
         increase_step: the additive step per poll, and the first probe.
         near_full: grow only when the interval's peak in flight reached this share of the target.
         rescale_threshold: a relative change of the KV block count taken as engines added or lost.
         window_polls, window_s: the capacity samples kept, by count and by age.
-        kv_high: KV usage that counts as full.
         jump_share: "alone on the engine": our share of its load at least this.
         jump_fraction: how far toward the KV bound the first ramp's jump goes.
         jump_max_factor: one poll multiplies the target by at most this.
@@ -78,19 +77,16 @@ class Adaptive:
 
     slow_start_factor: float = 2.0
     slow_start_below: float = 0.85
-    startup_exit: float = 1.15
     decrease_factor: float = 0.9
     increase_step: float = 1.0
     near_full: float = 0.8
     rescale_threshold: float = 0.1
     window_polls: int = 10
     window_s: float = 600.0
-    kv_high: float = 0.92
     jump_share: float = 0.9
     jump_fraction: float = 0.5
     jump_max_factor: float = 8.0
     without: tuple[str, ...] = ()
-    exit_level: bool = False
     token_budget: bool = True  # the token side (policies/token_budget.py), a wrapper around the request target
     token_overcommit: float = 1.0
     tokens: TokenSide = field(init=False, repr=False)
@@ -112,20 +108,17 @@ class Adaptive:
     held: bool = field(default=False, init=False)
     ramp_sample: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
-    startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         checks = (
             ("slow_start_factor", self.slow_start_factor > 1, "> 1"),
             ("slow_start_below", 0 <= self.slow_start_below <= 1, "in [0, 1]"),
-            ("startup_exit", self.startup_exit >= 1, ">= 1"),
             ("decrease_factor", 0 < self.decrease_factor < 1, "in (0, 1)"),
             ("increase_step", self.increase_step > 0 and math.isfinite(self.increase_step), "> 0"),
             ("near_full", 0 <= self.near_full <= 1, "in [0, 1]"),
             ("rescale_threshold", self.rescale_threshold > 0, "> 0"),
             ("window_s", self.window_s > 0, "> 0"),
-            ("kv_high", 0 < self.kv_high <= 1, "in (0, 1]"),
             ("jump_share", 0 <= self.jump_share <= 1, "in [0, 1]"),
             ("jump_fraction", 0 < self.jump_fraction <= 1, "in (0, 1]"),
             ("jump_max_factor", self.jump_max_factor >= self.slow_start_factor, ">= slow_start_factor"),
@@ -143,7 +136,7 @@ class Adaptive:
         self.without = tuple(self.without)
         self.off = frozenset(self.without)
         self.samples = deque(maxlen=self.window_polls)
-        self.tokens = TokenSide(TokenBudget(self.kv_high, self.token_overcommit), self.near_full)
+        self.tokens = TokenSide(TokenBudget(overcommit=self.token_overcommit), self.near_full)
 
     def on(self, rule: str) -> bool:
         return rule not in self.off
@@ -221,7 +214,6 @@ class Adaptive:
         elif obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
         ramp_sample, self.ramp_sample = self.ramp_sample, False
-        rate = self._rate(obs)
         before, self.last_running = self.last_running, obs.running
         risen = obs.running - before if before is not None else None
         factor = self._rescale(obs)
@@ -235,13 +227,13 @@ class Adaptive:
                 return target * factor
         capacity = self._fresh_capacity(obs, target, ramp_sample)
         self.running_peak = max(self.running_peak, obs.running)
-        if self._saturated(obs):
-            return self._on_queue(target, obs, capacity, risen)
+        why = self._saturated(obs, capacity)
+        if why is not None:
+            return self._on_queue(target, obs, capacity, risen, why)
         if app_limited(obs, target, self.near_full):
-            self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
+            self.startup_load = None  # an application-limited poll says nothing
             return target
-        bound = max(target, min(kv_cap(obs, self.kv_high), self.stated_bound(obs)))
-        return min(self._grow(target, obs, rate), bound)
+        return min(self._grow(target, obs), max(target, self.stated_bound(obs)))
 
     def _fresh_capacity(self, obs: Observation, target: float, ramp_sample: bool) -> float | None:
         """The capacity estimate, cleared when the engine runs more than it ever did while saturated: its limit
@@ -258,20 +250,25 @@ class Adaptive:
             self.w_max, self.w_max_time, self.probes = target, obs.time, 0  # probe up from here to the new limit
         return None
 
-    def _saturated(self, obs: Observation) -> bool:
-        """A queue for capacity, or a full KV cache. Below a stated sequence limit a queue is a wait for prefill
-        tokens or blocks, not a wall: it counts only when the interval's requests waited a cut's worth."""
-        kv = obs.kv_cache_usage
-        if self.kv_high < 1 and kv is not None and kv >= self.kv_high:
-            return True
-        if obs.waiting_capacity <= 0:
-            return False
-        limit = self._sequence_limit(obs)
-        if limit is None or self.pipelining or obs.running >= limit - 0.5:
-            return True
-        return bool(self.waited(obs))
+    def _saturated(self, obs: Observation, capacity: float | None) -> str | None:
+        """Why this poll is saturated, or None: ``"engine"``, a queue for capacity (below a stated sequence limit
+        only when the interval's requests waited a cut's worth: a wait for prefill tokens or blocks is no wall);
+        ``"inferred"``, ``running`` back at the most the engine ran while saturated, within a half sequence, from a
+        sample of the window: the engine is full though nothing waits at this instant, so every client sharing it
+        cuts together (not on a one-step engine, whose aim is a full batch)."""
+        if obs.waiting_capacity > 0:
+            limit = self._sequence_limit(obs)
+            if limit is None or self.pipelining or obs.running >= limit - 0.5 or self.waited(obs):
+                return "engine"
+            return None
+        if self.pipelining or not self.on("inferred-saturation") or capacity is None or obs.running <= 0:
+            return None
+        fresh = obs.time - self.samples[-1][0] <= self.window_s
+        return "inferred" if fresh and abs(obs.running - capacity) <= 0.5 else None
 
-    def _on_queue(self, target: float, obs: Observation, capacity: float | None, risen: float | None) -> float:
+    def _on_queue(
+        self, target: float, obs: Observation, capacity: float | None, risen: float | None, why: str
+    ) -> float:
         if first_ramp.admitting(self, obs):
             # The jump's step is still being admitted: hold it one poll; a clean next poll makes it W_max.
             self.jump_to = target
@@ -279,18 +276,19 @@ class Adaptive:
         if first_ramp.absorbing(self, obs, risen):
             if self.ramping:  # not a wall, but no room to double into: the ramp ends here, without a cut
                 self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-                self.startup_rate = self.startup_load = None
+                self.startup_load = None
             return target
         served = pipelined_share(obs, self._batch(obs, capacity)) if self.pipelining else sustainable(obs)
         ramping = self.ramping
-        if obs.running >= self.running_peak - 0.5 and self.on("capacity-samples"):
-            # Only at the most the engine has run: a queue below that waits for tokens or blocks, not a slot.
+        if why == "engine" and obs.running >= self.running_peak - 0.5 and self.on("capacity-samples"):
+            # The engine's own word, and only at the most it has run: a queue below that waits for tokens or
+            # blocks, not a slot; an inferred cut must not re-record the sample it was inferred from.
             self.samples.append((obs.time, obs.running))
-        self.probes, self.startup_rate, self.startup_load = 0, None, None
+        self.probes, self.startup_load = 0, None
         if served is None:  # none of the queue is ours
             return target
         self.w_max, self.w_max_time = served, obs.time
-        self.ramp_sample = ramping and not self.alone
+        self.ramp_sample = ramping and why == "engine" and not self.alone
         self.cut_to = min(target, self.decrease_factor * served)
         self.cut_goal = self.goal(obs) or 0.0
         return self.cut_to
@@ -314,17 +312,11 @@ class Adaptive:
             return None
         return queued > (1 - self.decrease_factor) * latency
 
-    def _rate(self, obs: Observation) -> float | None:
-        before, self.last_time = self.last_time, obs.time
-        if before is None or obs.time <= before:
-            return None
-        return obs.client_calls / (obs.time - before)
-
     # -- growth -------------------------------------------------------------------------------------------------
-    def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
+    def _grow(self, target: float, obs: Observation) -> float:
         goal = self.goal(obs)
         if goal is None:
-            return self._first_ramp(target, obs, rate)
+            return first_ramp.grow(self, target, obs)
         knee = self._one_step_knee(obs)
         if knee is not None and target >= max(self.cut_to, KNEE_RESTORE * knee):
             # Beside a peer on a one-step engine whose knee is known: no probe past our share of it, and a cut at
@@ -336,8 +328,7 @@ class Adaptive:
             return min(target + self.increase_step, knee)
         if target < self.slow_start_below * goal and not self._own_band(target, goal):
             self.probes = 0
-            restore = self.decrease_factor * goal if self.on("restore") else 0.0
-            grown = max(target * self.slow_start_factor, target + self.increase_step, restore)
+            grown = max(target * self.slow_start_factor, target + self.increase_step)
             return min(grown, max(self.decrease_factor * goal, target + self.increase_step))
         if target + self.increase_step <= goal:
             self.probes = 0
@@ -368,7 +359,4 @@ class Adaptive:
     # -- the first ramp -----------------------------------------------------------------------------------------
     def kv_estimate(self, obs: Observation) -> KvEstimate | None:
         """What the KV cache says about the engine's room; None without the figures (then the ramp doubles)."""
-        return kv_estimate(obs, self.kv_high)
-
-    def _first_ramp(self, target: float, obs: Observation, rate: float | None) -> float:
-        return first_ramp.grow(self, target, obs, rate)
+        return kv_estimate(obs)

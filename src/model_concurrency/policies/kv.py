@@ -1,8 +1,8 @@
-"""What the KV cache says about an engine's room: the figures a policy may grow toward before the engine has been
-driven anywhere, and the level at which KV usage would reach its high mark.
+"""What the KV cache says about an engine's room: the figure a policy may grow toward before the engine has been
+driven anywhere.
 
 vLLM's ``vllm:cache_config_info`` gives the block count ``N`` (summed over engines); KV usage ``u`` over ``running``
-gives the blocks a sequence holds, ``b = u × N / running``; the cache holds ``kv_high × N / b`` such sequences.
+gives the blocks a sequence holds, ``b = u × N / running``; the cache holds ``N / b`` such sequences.
 Usage is the most loaded engine's while ``running`` is summed, so on several engines ``b`` comes out high and the
 room low: the safe side. A pooling (embedding) sequence holds one block, and the bound then says nothing of its
 sequence limit; callers on such engines do not jump toward it.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from model_concurrency.observation import Observation
 from model_concurrency.policies._common import own_share
 
-__all__ = ["KvEstimate", "kv_cap", "kv_estimate"]
+__all__ = ["KvEstimate", "kv_estimate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +30,10 @@ class KvEstimate:
     bound: float
 
 
-def kv_estimate(obs: Observation, kv_high: float) -> KvEstimate | None:
-    """The estimate, or None without a block count, a usage above zero, sequences running and calls of ours."""
+def kv_estimate(obs: Observation, kv_high: float = 1.0) -> KvEstimate | None:
+    """The estimate, or None without a block count, a usage above zero, sequences running and calls of ours.
+    ``kv_high``: the share of the cache counted as room (the whole of it by default; vLLM admits a sequence while
+    its blocks fit)."""
     blocks, kv = obs.kv_num_blocks, obs.kv_cache_usage
     if not blocks or blocks <= 0 or kv is None or not 0 < kv <= 1 or not 0 < obs.running < math.inf:
         return None
@@ -42,11 +44,3 @@ def kv_estimate(obs: Observation, kv_high: float) -> KvEstimate | None:
     sequences = kv_high * blocks / per_sequence
     bound = obs.inflight + own_share(obs) * max(0.0, sequences - obs.running)
     return KvEstimate(blocks_per_sequence=per_sequence, sequences=sequences, bound=bound)
-
-
-def kv_cap(obs: Observation, kv_high: float) -> float:
-    """The most our in-flight may grow to before KV usage (proportional to load) reaches ``kv_high``."""
-    kv = obs.kv_cache_usage
-    if kv_high >= 1 or kv is None or not kv > 0:
-        return math.inf
-    return obs.inflight * kv_high / kv

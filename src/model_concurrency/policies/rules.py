@@ -38,20 +38,16 @@ def _without(name: str, params: str, what: str) -> Rule:
 #: factor, what "alone on the engine" means) are not rules: they are the policy.
 ADAPTIVE_RULES = (
     _rule("app-limited", "near_full", "grow only when the interval's peak in flight filled the window", near_full=0.0),
-    _rule("kv-cap", "kv_high", "KV usage at kv_high is saturated; growth is capped before it", kv_high=1.0),
     _rule(
         "rescale", "rescale_threshold", "a KV block count change rescales target and memory", rescale_threshold=math.inf
-    ),
-    _rule(
-        "startup-exit", "startup_exit", "the first ramp ends when growth stops raising completions", startup_exit=1.0
     ),
     _without("engine-full-exit", "", "the first ramp ends when the engine stops taking our growth"),
     _without("kv-jump", "jump_fraction", "alone, the first ramp jumps toward the KV cache's bound"),
     _rule("jump-max", "jump_max_factor", "one poll multiplies the target by at most this", jump_max_factor=1e9),
     _without("turnover-ramp", "", "alone, the first ramp grows per round trip the poll held"),
     _without("admission-hold", "", "a queue the engine is still taking in ends the ramp without a cut"),
+    _without("inferred-saturation", "", "running back at the sampled capacity is saturated, queue or not"),
     _without("capacity-samples", "window_polls window_s", "the most the engine ran while saturated bounds the goal"),
-    _without("restore", "", "far below the goal, return to the cut's level of it at once"),
     _rule(
         "slow-start-band",
         "slow_start_below",
