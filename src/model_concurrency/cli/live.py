@@ -33,7 +33,12 @@ def register(subparsers: Any) -> None:
         "/v1/chat/completions) and its /metrics page from the SimPy engine model, so the live paths (run, watch, "
         "your own client) can be tried without a GPU. Ctrl-C stops it.",
     )
-    e.add_argument("--preset", default="bge-m3", help="engine preset: bge-m3, llama-8b-h100, llama-8b-a100")
+    e.add_argument(
+        "--preset",
+        default="bge-m3",
+        help="engine preset: bge-m3, llama-8b-h100-80gb, llama-8b-a100-80gb, llama-8b-a100-40gb (llama-8b-h100 and "
+        "llama-8b-a100 name the 80 GB ones)",
+    )
     e.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     e.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000, as vllm serve)")
     e.add_argument("--max-num-seqs", type=int, help="override the preset's max_num_seqs")
