@@ -91,11 +91,11 @@ def test_every_rule_of_adaptive_names_its_parameters_and_switches_off_cleanly(tm
 
 def test_rules_already_off_are_known_and_a_variant_adds_to_what_is_off(tmp_path: Path) -> None:
     base = tmp_path / "base.toml"
-    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["probe"]\nkv_high = 1.0\n')
-    rules, params = rules_for(str(base), ["probe", "kv-cap", "kv-jump"])
+    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["probe"]\nnear_full = 0.0\n')
+    rules, params = rules_for(str(base), ["probe", "app-limited", "kv-jump"])
     assert [is_off(r, params) for r in rules] == [True, True, False]
     variant = load_policy(str(write_variant(tmp_path / "v", str(base), "without-kv-jump", rules[2].off)))
-    assert sorted(variant.without) == ["kv-jump", "probe"] and variant.kv_high == 1.0
+    assert sorted(variant.without) == ["kv-jump", "probe"] and variant.near_full == 0.0
     with pytest.raises(ValueError, match="unknown rules \\['no-such'\\]"):
         rules_for("adaptive", ["no-such"])
 
@@ -109,19 +109,19 @@ def test_ablate_command_writes_one_row_per_rule_and_its_summary_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = tmp_path / "base.toml"
-    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["restore"]\n')
+    base.write_text('name = "base"\npolicy = "adaptive"\nwithout = ["admission-hold"]\n')
     out = tmp_path / "abl"
-    args = ["--n", "2", "--seeds", "41", "--scale", "0.05", "--rules", "probe,restore", "--jobs", "1", "--quiet"]
+    args = ["--n", "2", "--seeds", "41", "--scale", "0.05", "--rules", "probe,admission-hold", "--jobs", "1", "--quiet"]
     code = main(["ablate", "--policy", str(base), *args, "--out", str(out)])
     assert code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     with (out / "ablation.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["rule"] for r in rows] == ["(none)", "probe", "restore"]
+    assert [r["rule"] for r in rows] == ["(none)", "probe", "admission-hold"]
     keep = sum(r["verdict"] == "keep" for r in rows[1:])
     assert last == f"ablate: policy {base}, 2 rules, {keep} keep, {2 - keep} drop"
-    restore = rows[2]
-    assert restore["verdict"] == "drop" and restore["off"] == 'without=["restore"]'
-    assert all(restore[k] == rows[0][k] for k in rows[0] if "@41" in k)  # already off: the full policy's row
+    hold = rows[2]
+    assert hold["verdict"] == "drop" and hold["off"] == 'without=["admission-hold"]'
+    assert all(hold[k] == rows[0][k] for k in rows[0] if "@41" in k)  # already off: the full policy's row
     assert (out / "presets" / "base-round1-without-probe.toml").exists()
-    assert not (out / "presets" / "base-round1-without-restore.toml").exists()
+    assert not (out / "presets" / "base-round1-without-admission-hold.toml").exists()

@@ -1,5 +1,5 @@
-"""Exact-value tests of the adaptive policy: slow start and its full-pipe exit, the cut, the additive climb, the
-probes, the KV-block rescale, and the goal after a metrics outage."""
+"""Exact-value tests of the adaptive policy: slow start and its full-pipe exit, the cut (on a queue, or inferred at
+the sampled capacity), the additive climb, the probes, the KV-block rescale, and the goal after a metrics outage."""
 
 from __future__ import annotations
 
@@ -37,31 +37,34 @@ def saturated(target: float, *, running: float, time: float, blocks: int | None 
     )
 
 
-def test_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
-    p = Adaptive()
-    targets = [4.0]
-    # Completions per 12 s poll: each doubling buys +100 %, +100 %, then only +9 % (the engine's knee). One
-    # round trip of the window a poll (calls = in flight), so each poll doubles once; the last interval's 35
-    # completions are a round trip of the 32 held before it, so its rate is a fair test of that window.
-    for i, calls in enumerate([0, 8, 16, 32, 35]):
-        targets.append(p.next_target(targets[-1], full(targets[-1], time=12.0 * i, calls=calls)))
-    assert targets == [4, 8, 16, 32, 64, 65]
-    assert p.w_max == 64  # the full pipe becomes the goal
-    # Above the goal: probes of +1, +2, +4 (the step doubles while nothing queues).
-    t = 65.0
-    for i, expected in enumerate([66.0, 68.0, 72.0]):
-        t = p.next_target(t, full(t, time=60.0 + 12.0 * i, calls=40))
-        assert t == expected
-
-
 def test_a_saturated_poll_cuts_to_0_9_of_the_served_share_then_climbs_by_one() -> None:
     p = Adaptive()
     assert p.next_target(300, saturated(300, running=256, time=0.0)) == pytest.approx(0.9 * 256)
     assert p.w_max == 256
     assert p.next_target(230.4, full(230.4, time=12.0)) == pytest.approx(231.4)
-    # Back at the capacity the engine ran while saturated (256 ± 0.5) with nothing waiting: no cut without a queue
-    # or a full KV cache. Above the goal (256 - 1 step) it probes, +1.
+    # Back at the capacity the engine ran while saturated (256 ± 0.5), nothing waits yet but every slot is
+    # taken: that counts as saturated too (cut to 0.9 × the 255 in flight), so the cycle needs no queue to turn.
+    assert p.next_target(255.5, full(255.5, time=24.0)) == pytest.approx(0.9 * 255)
+    # An inferred cut records no capacity sample of its own: the one it was inferred from stays the only one.
+    assert list(p.samples) == [(0.0, 256)] and p.w_max == 255
+
+
+def test_without_inferred_saturation_running_back_at_the_capacity_is_no_cut() -> None:
+    p = Adaptive(without=("inferred-saturation",))
+    assert p.next_target(300, saturated(300, running=256, time=0.0)) == pytest.approx(0.9 * 256)
+    assert p.next_target(230.4, full(230.4, time=12.0)) == pytest.approx(231.4)
+    # Back at the sampled 256 with nothing waiting: no cut without a queue. Above the goal (256 - 1 step) it
+    # probes, +1.
     assert p.next_target(255.5, full(255.5, time=24.0)) == pytest.approx(256.5)
+
+
+def test_inferred_saturation_needs_running_within_half_a_sequence_of_the_capacity() -> None:
+    # 255.4 running is more than half a sequence under the sampled 256: no cut, the additive step to the goal.
+    p = Adaptive()
+    p.next_target(300, saturated(300, running=256, time=0.0))
+    assert p.next_target(255.0, full(255.0, time=12.0, running=255.4)) == 256
+    # 256.4 is within it: cut to 0.9 × the 256 in flight.
+    assert p.next_target(256.0, full(256.0, time=24.0, running=256.4)) == pytest.approx(0.9 * 256)
 
 
 def test_beside_peers_room_that_appears_restores_to_0_9_of_our_share_of_the_capacity() -> None:
@@ -72,7 +75,7 @@ def test_beside_peers_room_that_appears_restores_to_0_9_of_our_share_of_the_capa
     )
     assert p.w_max == pytest.approx(40 * 1024 / 1034) and p.capacity(0.0) == 1024
     # Half the engine free: our share of its capacity (50 / 500 × 1024 = 102.4) is the goal, far above the goal at
-    # our cut (39.6): room appeared, so the restore to 0.9 × it, not the additive step.
+    # our cut (39.6): room appeared, so slow start (a doubling to 100) up to 0.9 × it, not the additive step.
     assert p.next_target(50, full(50, time=12.0, running=500)) == pytest.approx(0.9 * 102.4)
 
 
@@ -89,27 +92,20 @@ def test_sharing_the_engine_probes_do_not_accelerate() -> None:
     assert p.probes == 3
 
 
-def test_kv_usage_at_kv_high_counts_as_saturation_and_a_preemption_alone_does_not() -> None:
+def test_high_kv_usage_or_preemptions_without_a_queue_are_no_saturation() -> None:
+    # Nothing waits: KV usage at 93 % (no block count, so no KV bound either) and the first ramp doubles on.
     p = Adaptive()
-    obs = Observation(running=50, inflight=50, kv_cache_usage=0.93, time=0.0)
-    assert p.next_target(50, obs) == pytest.approx(45)
-    assert p.w_max == 50 and p.capacity(0.0) == 50
-    # Preemptions with KV usage under kv_high and nothing waiting: the first ramp doubles on.
+    assert p.next_target(50, Observation(running=50, inflight=50, kv_cache_usage=0.93, time=0.0)) == 100
+    assert p.ramping and p.capacity(0.0) is None
+    # Preemptions with nothing waiting: the same.
     q = Adaptive()
     assert q.next_target(50, Observation(running=50, inflight=50, preemptions=2, time=0.0)) == 100
     assert q.ramping
-    # kv_high 1 switches the KV signal off.
-    r = Adaptive(kv_high=1.0)
+    r = Adaptive()
     assert r.next_target(50, Observation(running=50, inflight=50, kv_cache_usage=0.99, preemptions=2)) == 100
-
-
-def test_growth_is_capped_by_the_kv_headroom() -> None:
-    p = Adaptive()
-    # Slow start from 32 at 60 % KV usage: doubling would need 120 %; 32 × 0.92 / 0.6 = 49.07 is the most.
-    obs = Observation(running=32, inflight=32, kv_cache_usage=0.6, time=0.0)
-    assert p.next_target(32, obs) == pytest.approx(32 * 0.92 / 0.6)
-    # Never a cut: above the cap already (usage 0.91 < kv_high) it holds.
-    assert p.next_target(60, Observation(running=50, inflight=50, kv_cache_usage=0.91, time=12.0)) == 60
+    # Nor is growth capped where KV usage would pass some mark: 32 at 60 % usage doubles to 64.
+    s = Adaptive()
+    assert s.next_target(32, Observation(running=32, inflight=32, kv_cache_usage=0.6, time=0.0)) == 64
 
 
 def test_slow_start_ends_when_the_engine_did_not_grow_with_us() -> None:
@@ -135,17 +131,16 @@ def test_the_newest_capacity_sample_never_expires() -> None:
 
 def test_a_queue_below_the_most_the_engine_has_run_is_not_its_capacity() -> None:
     """A long prompt waiting a step for tokens at 12 running, on an engine that has run 38 at once, is not the
-    sequence limit: the cut stands, but 12 running is no capacity sample to bound the goal afterwards."""
+    sequence limit: the cut stands, but 12 running is no inferred saturation afterwards."""
     p = Adaptive()
     p.next_target(38, full(38, time=0.0))
     assert p.next_target(14, saturated(14, running=12, time=12.0)) == pytest.approx(0.9 * 12)
     assert p.capacity(12.0) is None
     assert p.next_target(12, full(12, time=24.0)) == 13  # the probe goes on: nothing says 12 is a wall
-    # At the most the engine has run, a queue is the sequence limit's: a capacity sample.
+    # At the most the engine has run, a queue is the sequence limit's: a sample, and the inferred rule after it.
     assert p.next_target(40, saturated(40, running=38, time=36.0)) == pytest.approx(0.9 * 38)
     assert p.capacity(36.0) == 38
-    # Back at it with nothing waiting, no cut: the goal is 38, and a probe of +1 goes past it.
-    assert p.next_target(38, full(38, time=48.0)) == 39
+    assert p.next_target(38, full(38, time=48.0)) == pytest.approx(0.9 * 38)
 
 
 def test_a_cut_never_raises_the_target_whatever_others_run() -> None:
@@ -166,19 +161,13 @@ def test_more_kv_blocks_scale_the_target_and_the_goal_at_once() -> None:
     assert p.next_target(464.8, full(464.8, time=36.0, blocks=2000)) == pytest.approx(232.4)
 
 
-def test_after_an_outage_dropped_it_to_the_floor_it_returns_to_0_9_of_the_goal_at_once() -> None:
+def test_after_an_outage_dropped_it_to_the_floor_it_slow_starts_back_to_0_9_of_the_goal() -> None:
     p = Adaptive()
     p.next_target(300, saturated(300, running=256, time=0.0))
-    targets = [4.0]
-    for i in range(3):
-        targets.append(p.next_target(targets[-1], full(targets[-1], time=1000.0 + 12.0 * i)))
-    assert targets == pytest.approx([4, 230.4, 231.4, 232.4])
-    # Without the restore it doubles back: 4, 8, ..., 128, then 0.9 × 256.
-    q = Adaptive(without=("restore",))
-    q.next_target(300, saturated(300, running=256, time=0.0))
+    # Far below the goal (256) it doubles back: 4, 8, ..., 128, then 0.9 × 256 (the cap), then the additive step.
     targets = [4.0]
     for i in range(7):
-        targets.append(q.next_target(targets[-1], full(targets[-1], time=1000.0 + 12.0 * i)))
+        targets.append(p.next_target(targets[-1], full(targets[-1], time=1000.0 + 12.0 * i)))
     assert targets == pytest.approx([4, 8, 16, 32, 64, 128, 230.4, 231.4])
 
 
@@ -199,11 +188,9 @@ def test_application_limited_holds_and_an_idle_spell_forgets_nothing() -> None:
         {"slow_start_factor": 1.0},
         {"decrease_factor": 1.0},
         {"increase_step": 0.0},
-        {"startup_exit": 0.9},
         {"near_full": 1.5},
         {"window_polls": 0},
         {"rescale_threshold": 0.0},
-        {"kv_high": 0.0},
         {"slow_start_below": 1.5},
         {"window_s": 0.0},
         {"window_polls": 2.5},
@@ -229,10 +216,11 @@ def test_beside_peers_a_client_climbs_back_from_its_own_cuts_by_the_additive_ste
     p = Adaptive()
     _shared_cuts(p)
     assert p.next_target(43.2, after) == pytest.approx(44.2)
-    # Put below where our cut left us (the fail-safe's floor): the restore to 0.9 × the goal (W_max 48) as before.
+    # Put below where our cut left us (the fail-safe's floor): slow start, a doubling (20 -> 40) under the cap of
+    # 0.9 × the goal (W_max 48: 43.2), not the step.
     q = Adaptive()
     _shared_cuts(q)
-    assert q.next_target(20, Observation(running=52, inflight=20, time=24.0)) == pytest.approx(0.9 * 48)
+    assert q.next_target(20, Observation(running=52, inflight=20, time=24.0)) == 40
 
 
 # -- without: the rules switched off by name -------------------------------------------------------------------
@@ -249,10 +237,10 @@ def test_without_refuses_a_string_for_a_list() -> None:
 
 
 def test_without_takes_a_list_as_a_preset_states_it() -> None:
-    p = load_policy("adaptive", without=["probe", "restore"])
+    p = load_policy("adaptive", without=["probe", "inferred-saturation"])
     assert isinstance(p, Adaptive)
-    assert p.without == ("probe", "restore")
-    assert not p.on("probe") and not p.on("restore") and p.on("kv-jump")
+    assert p.without == ("probe", "inferred-saturation")
+    assert not p.on("probe") and not p.on("inferred-saturation") and p.on("kv-jump")
 
 
 def test_the_rules_without_names_are_the_rule_tables_switches() -> None:
@@ -261,20 +249,21 @@ def test_the_rules_without_names_are_the_rule_tables_switches() -> None:
 
 
 def test_without_probe_a_probe_is_the_step_alone() -> None:
-    # Alone above the goal (W_max 256): +1, +2, +4 with the probe; +1 a poll without it.
+    # Alone above the goal (W_max 256): +1, +2, +4 with the probe; +1 a poll without it. The polls come after the
+    # sample's window (600 s), so running back at 256 is no inferred saturation.
     for without, expected in (((), [257.0, 259.0, 263.0]), (("probe",), [257.0, 258.0, 259.0])):
         p = Adaptive(without=without)
         p.next_target(300, saturated(300, running=256, time=0.0))
         t, seen = 256.0, []
         for i in range(3):
-            t = p.next_target(t, full(t, time=12.0 * (i + 1)))
+            t = p.next_target(t, full(t, time=600.0 + 12.0 * (i + 1)))
             seen.append(t)
         assert seen == expected
 
 
 def test_without_capacity_samples_the_goal_is_w_max_alone() -> None:
     # Cut beside peers at 1024 running (W_max 39.6). Later, half the engine free: with the sample, our share of its
-    # capacity (50 / 500 x 1024 = 102.4) is the goal and 50 restores to 0.9 x it; without, the goal stays W_max and
+    # capacity (50 / 500 x 1024 = 102.4) is the goal and 50 slow-starts to 0.9 x it; without, the goal stays W_max and
     # 50 is above it: a probe of +1.
     first = Observation(running=1024, waiting=10, waiting_capacity=10, inflight=40)
     with_samples, without = Adaptive(), Adaptive(without=("capacity-samples",))

@@ -2,7 +2,7 @@
 it, the doubling without them, and the property that the first ramp never grows past the KV bound.
 
 Figures are chosen so the rules give whole numbers: 10,000 KV blocks, 4 sequences at 2 % usage are 50 blocks a
-sequence; the cache holds 200 such sequences, 184 at ``kv_high`` 0.92."""
+sequence; the cache holds 200 such sequences (the whole cache counts as room)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def poll(
 
 def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
     # Two engines of 4,096 blocks (8,192 summed), 2 sequences each at 2 % KV usage: 8,192 × 0.02 / 4 = 40.96
-    # blocks a sequence, so the cache holds 200 sequences and 184 at kv_high.
+    # blocks a sequence, so the cache holds 200 sequences.
     page = vllm_page({"m": [EngineState(running=2, kv=0.02), EngineState(running=2, kv=0.02)]}).decode()
     snapshot = parse_vllm_metrics(page, "m")
     assert snapshot.kv_num_blocks == 8192
@@ -54,34 +54,34 @@ def test_the_estimate_from_a_two_engine_page_with_known_block_counts() -> None:
     estimate = p.kv_estimate(obs)
     assert estimate is not None
     assert estimate.blocks_per_sequence == pytest.approx(40.96)
-    assert estimate.sequences == pytest.approx(184)
-    assert estimate.bound == pytest.approx(184)  # alone: all of the free room is ours
-    # The jump: halfway from 4 to the bound of 184.
-    assert p.next_target(4, obs) == pytest.approx(94)
+    assert estimate.sequences == pytest.approx(200)
+    assert estimate.bound == pytest.approx(200)  # alone: all of the free room is ours
+    # The jump: halfway from 4 to the bound of 200.
+    assert p.next_target(4, obs) == pytest.approx(102)
 
 
 def test_a_lone_client_jumps_halfway_to_the_bound_then_probes_above_it() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED)
     assert p.ramping
-    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
-    assert p.jump_to == pytest.approx(94)
-    # 94 sequences at 50 blocks each (47 % usage) ran a poll without a queue: 94 becomes W_max, the ramp is over,
-    # and the probes (+1, +2, +4) look for the sequence limit instead of a doubling to 184.
-    assert p.next_target(94, poll(94, kv=0.47, time=12.0)) == pytest.approx(95)
-    assert p.w_max == pytest.approx(94) and not p.ramping
-    assert p.next_target(95, poll(95, kv=0.475, time=24.0)) == pytest.approx(96)
-    assert p.next_target(96, poll(96, kv=0.48, time=36.0)) == pytest.approx(98)
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(102)
+    assert p.jump_to == pytest.approx(102)
+    # 102 sequences at 50 blocks each (51 % usage) ran a poll without a queue: 102 becomes W_max, the ramp is
+    # over, and the probes (+1, +2, +4) look for the sequence limit instead of a doubling to 200.
+    assert p.next_target(102, poll(102, kv=0.51, time=12.0)) == pytest.approx(103)
+    assert p.w_max == pytest.approx(102) and not p.ramping
+    assert p.next_target(103, poll(103, kv=0.515, time=24.0)) == pytest.approx(104)
+    assert p.next_target(104, poll(104, kv=0.52, time=36.0)) == pytest.approx(106)
 
 
 def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0)
-    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
-    # The engine runs 128 (its sequence limit, not on the page) and queues 56 of ours. `running` rose by 124 of
-    # our 180, so it may still be admitting the burst: one poll's hold, nothing learnt.
-    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=12.0)) == pytest.approx(184)
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(200)
+    # The engine runs 128 (its sequence limit, not on the page) and queues 72 of ours. `running` rose by 124 of
+    # our 196, so it may still be admitting the burst: one poll's hold, nothing learnt.
+    assert p.next_target(200, poll(200, running=128, waiting=72, kv=0.64, time=12.0)) == pytest.approx(200)
     assert p.w_max is None and p.capacity(12.0) is None and p.held
     # Still 128 running: the engine is full, not admitting. Cut to 0.9 × 128.
-    assert p.next_target(184, poll(184, running=128, waiting=56, kv=0.64, time=14.0)) == pytest.approx(115.2)
+    assert p.next_target(200, poll(200, running=128, waiting=72, kv=0.64, time=14.0)) == pytest.approx(115.2)
     assert p.w_max == pytest.approx(128) and p.capacity(14.0) == 128
     assert not p.ramping
     # Below the goal: +1 a poll, no second jump.
@@ -90,32 +90,48 @@ def test_a_jump_into_the_sequence_limit_is_cut_to_the_served_share() -> None:
 
 def test_a_burst_the_engine_is_still_admitting_is_not_a_capacity() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0)
-    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(184)
-    # A fast poll lands while the engine admits the jump over several steps: 150 running, 34 waiting.
-    assert p.next_target(184, poll(184, running=150, waiting=34, kv=0.75, time=2.0)) == pytest.approx(184)
-    # The next poll finds all 184 running and nothing waiting: the jump stands and becomes W_max.
-    assert p.next_target(184, poll(184, kv=0.9, time=4.0)) == pytest.approx(185)
-    assert p.w_max == pytest.approx(184) and p.capacity(4.0) is None
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(200)
+    # A fast poll lands while the engine admits the jump over several steps: 150 running, 50 waiting.
+    assert p.next_target(200, poll(200, running=150, waiting=50, kv=0.75, time=2.0)) == pytest.approx(200)
+    # The next poll finds all 200 running and nothing waiting: the jump stands and becomes W_max. The cache is
+    # full (200 × 50 blocks, a bound of 200), so the probe waits at the bound instead of passing it.
+    assert p.next_target(200, poll(200, kv=1.0, time=4.0)) == pytest.approx(200)
+    assert p.w_max == pytest.approx(200) and p.capacity(4.0) is None and not p.ramping
+
+
+def test_a_cut_inferred_from_an_earlier_capacity_does_not_record_it_again() -> None:
+    p = Adaptive()
+    p.samples.append((0.0, 200.0))
+    p.w_max = 180.0
+    # `running` is back at the capacity learnt at t=0, with nothing waiting: cut, but learn nothing new.
+    assert p.next_target(220, poll(220, running=200, kv=0.3, time=500.0)) == pytest.approx(0.9 * 220)
+    assert list(p.samples) == [(0.0, 200.0)]
+    # Past ``window_s`` the sample still bounds the goal, but it is no wall to cut at: the same reading grows.
+    q = Adaptive()
+    q.samples.append((0.0, 200.0))
+    q.w_max = 180.0
+    assert q.next_target(220, poll(220, running=200, kv=0.3, time=700.0)) == 221
 
 
 def test_a_jump_the_target_no_longer_stands_at_proves_nothing() -> None:
     p = Adaptive(jump_max_factor=UNCAPPED)
-    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(94)
-    # The ceiling (or the fail-safe) held the target at 64: no W_max; the ramp goes on, capped by the bound.
-    assert p.next_target(64, poll(64, kv=0.32, time=12.0)) == pytest.approx(128)
-    assert p.ramping
+    assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(102)
+    # The ceiling (or the fail-safe) held the target at 64: no W_max; the ramp goes on, a second jump halfway from
+    # 64 to the bound of 200 (more than the doubling to 128), judged in turn.
+    assert p.next_target(64, poll(64, kv=0.32, time=12.0)) == pytest.approx(132)
+    assert p.ramping and p.jump_to == pytest.approx(132)
 
 
 def test_on_a_shared_engine_it_doubles_and_never_past_its_share_of_the_free_room() -> None:
     p = Adaptive()
     # Three other clients at the floor too (own share 1/4 < jump_share 0.9): doubling, as they do.
     est = p.kv_estimate(poll(4, running=16, kv=0.08))
-    assert est is not None and est.sequences == pytest.approx(184)
-    assert est.bound == pytest.approx(4 + (184 - 16) / 4)  # 46: a quarter of the 168 free
+    assert est is not None and est.sequences == pytest.approx(200)
+    assert est.bound == pytest.approx(4 + (200 - 16) / 4)  # 50: a quarter of the 184 free
     assert p.next_target(4, poll(4, running=16, kv=0.08)) == 8
-    # 40 of 160 running at 80 %: doubling to 80 would fill four times our share of the 24 left; capped at 46.
+    # 40 of 160 running at 80 %: doubling to 80 would fill four times our share of the 40 left; capped at 50.
     q = Adaptive()
-    assert q.next_target(40, poll(40, running=160, kv=0.8)) == pytest.approx(46)
+    assert q.next_target(40, poll(40, running=160, kv=0.8)) == pytest.approx(50)
 
 
 def test_without_cache_config_info_the_first_ramp_doubles() -> None:
@@ -130,18 +146,18 @@ def test_without_cache_config_info_the_first_ramp_doubles() -> None:
 
 
 def test_a_sequence_holds_at_least_one_block() -> None:
-    # 10,000 blocks and a usage of 1e-308 (or gauges read at different instants): at most 10,000 sequences fit,
-    # 9,200 at kv_high; the bound stays finite.
+    # 10,000 blocks and a usage of 1e-308 (or gauges read at different instants): at most 10,000 sequences fit;
+    # the bound stays finite.
     est = Adaptive().kv_estimate(poll(4, kv=1e-308))
     assert est is not None
     assert est.blocks_per_sequence == 1
-    assert est.sequences == pytest.approx(9200)
-    assert est.bound == pytest.approx(9200)
+    assert est.sequences == pytest.approx(10_000)
+    assert est.bound == pytest.approx(10_000)
 
 
 def test_the_jump_can_be_switched_off_or_made_whole() -> None:
     assert Adaptive(jump_max_factor=UNCAPPED, without=("kv-jump",)).next_target(4, poll(4, kv=0.02)) == 8
-    assert Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(184)
+    assert Adaptive(jump_max_factor=UNCAPPED, jump_fraction=1.0).next_target(4, poll(4, kv=0.02)) == pytest.approx(200)
 
 
 def test_a_full_pipe_exit_is_not_undone_by_the_kv_cap() -> None:
@@ -180,7 +196,7 @@ def test_the_first_ramp_never_grows_past_the_kv_bound(
     blocks: int, start: float, polls: list[dict[str, float]], jump_fraction: float
 ) -> None:
     """While ramping, whatever the engine reports, an answer above the current target stays within the KV bound
-    (our in-flight plus our share of the room the cache has left at ``kv_high``) whenever that bound is known."""
+    (our in-flight plus our share of the room left in the cache) whenever that bound is known."""
     p = Adaptive(jump_fraction=jump_fraction)
     target = start
     for i, f in enumerate(polls):
@@ -206,15 +222,15 @@ def test_the_first_ramp_never_grows_past_the_kv_bound(
 
 def test_a_jump_is_at_most_eight_times_the_target_and_a_capped_jump_jumps_again() -> None:
     p = Adaptive()  # the default cap, jump_max_factor 8
-    # Halfway from 4 to the bound of 184 is 94: capped at 32; the ramp goes on (no jump to judge yet).
+    # Halfway from 4 to the bound of 200 is 102: capped at 32; the ramp goes on (no jump to judge yet).
     assert p.next_target(4, poll(4, kv=0.02, time=0.0)) == pytest.approx(32)
     assert p.jump_to is None and p.ramping
-    # From 32 (the same 40.96 blocks a sequence): halfway to 184 is 108, within 8 x 32: the jump lands.
-    assert p.next_target(32, poll(32, kv=0.16, time=2.0)) == pytest.approx(108)
-    assert p.jump_to == pytest.approx(108)
+    # From 32 (the same 50 blocks a sequence): halfway to 200 is 116, within 8 x 32: the jump lands.
+    assert p.next_target(32, poll(32, kv=0.16, time=2.0)) == pytest.approx(116)
+    assert p.jump_to == pytest.approx(116)
     # It ran without a queue: W_max, and the probes.
-    assert p.next_target(108, poll(108, kv=0.54, time=4.0)) == pytest.approx(109)
-    assert p.w_max == pytest.approx(108) and not p.ramping
+    assert p.next_target(116, poll(116, kv=0.58, time=4.0)) == pytest.approx(117)
+    assert p.w_max == pytest.approx(116) and not p.ramping
 
 
 def test_one_block_a_sequence_says_little_and_the_cap_keeps_the_jump_to_eight_times() -> None:
@@ -243,7 +259,7 @@ def test_running_past_every_capacity_sample_forgets_them() -> None:
 
 
 def test_a_step_held_while_the_engine_admits_it_is_judged_like_a_jump() -> None:
-    # 100,000 blocks, 50 a sequence: a bound of 1,840, so both steps are the 8x cap (no jump to judge yet).
+    # 100,000 blocks, 50 a sequence: a bound of 2,000, so both steps are the 8x cap (no jump to judge yet).
     p = Adaptive()
     assert p.next_target(4, poll(4, kv=0.002, blocks=100_000, time=0.0)) == pytest.approx(32)
     first = dataclasses.replace(poll(32, kv=0.016, blocks=100_000, time=2.0), client_calls=10)
@@ -252,8 +268,8 @@ def test_a_step_held_while_the_engine_admits_it_is_judged_like_a_jump() -> None:
     # Capacity-waiting while `running` still climbs (171 of our 224 more): held once, as a jump to judge.
     assert p.next_target(256, poll(256, running=203, waiting=53, kv=0.1, blocks=100_000, time=4.0)) == 256
     assert p.held and p.jump_to == 256
-    # The next poll runs it without a queue: W_max and a probe, whatever the completion count of a 2 s window
-    # says (40 against 10 before: the rate test alone would have doubled to 512, past the engine's 256).
+    # The next poll runs it without a queue: W_max and a probe, not another step past the engine's 256, whatever
+    # the completion count of a 2 s window says (40, a sixth of a round trip of 256).
     settled = dataclasses.replace(poll(256, running=254, kv=0.127, blocks=100_000, time=6.0), client_calls=40)
     assert p.next_target(256, settled) == pytest.approx(257)
     assert p.w_max == pytest.approx(256) and not p.ramping

@@ -57,34 +57,39 @@ def test_growth_is_capped_at_our_share_of_the_free_stated_slots() -> None:
 
 def test_alone_at_the_stated_limit_no_probe_goes_past_it() -> None:
     p = Adaptive()
-    # A queue with all 64 stated slots running: cut to 0.9 x 64, W_max 64.
+    # A queue with all 64 stated slots running: cut to 0.9 x 64, W_max 64, a capacity sample of 64.
     queue = Observation(running=64, waiting=8, waiting_capacity=8, inflight=72, limits=EngineLimits(max_num_seqs=64))
     assert p.next_target(72, queue) == pytest.approx(57.6)
-    assert p.w_max == 64
-    # The additive step up to the limit, then a probe (+1) finds no free slot: hold at 64, poll after poll.
+    assert p.w_max == 64 and p.capacity(0.0) == 64
+    # The additive step up to the limit; back at the sampled 64 running, the inferred saturation cuts again.
     assert p.next_target(63, poll(63, limit=64, time=12.0)) == 64
-    assert p.next_target(64, poll(64, limit=64, time=24.0)) == 64
-    assert p.next_target(64, poll(64, limit=64, time=36.0)) == 64
+    assert p.next_target(64, poll(64, limit=64, time=24.0)) == pytest.approx(57.6)
+    # Without it, a probe (+1) finds no free slot: hold at 64, poll after poll.
+    q = Adaptive(without=("inferred-saturation",))
+    q.next_target(72, queue)
+    assert q.next_target(63, poll(63, limit=64, time=12.0)) == 64
+    assert q.next_target(64, poll(64, limit=64, time=24.0)) == 64
+    assert q.next_target(64, poll(64, limit=64, time=36.0)) == 64
     # The same polls without a stated limit probe past it.
-    q = Adaptive()
-    q.next_target(72, replace(queue, limits=None))
-    assert q.next_target(64, poll(64, limit=None, time=12.0)) == 65
+    r = Adaptive(without=("inferred-saturation",))
+    r.next_target(72, replace(queue, limits=None))
+    assert r.next_target(64, poll(64, limit=None, time=12.0)) == 65
 
 
-# 10,000 KV blocks, 4 sequences at 2 % usage: 50 blocks a sequence, 184 sequences at kv_high, a KV bound of 184.
+# 10,000 KV blocks, 4 sequences at 2 % usage: 50 blocks a sequence, 200 sequences in the cache, a KV bound of 200.
 KV = {"kv": 0.02, "blocks": 10_000}
 
 
 def test_the_first_ramps_jump_never_passes_our_share_of_the_stated_limit() -> None:
     uncapped = {"jump_max_factor": math.inf}
-    # Alone: halfway from 4 to min(184, 4 + (64 - 4)) = 64 is 34 (94 without the limit); the whole way, 64 (184).
+    # Alone: halfway from 4 to min(200, 4 + (64 - 4)) = 64 is 34 (102 without the limit); the whole way, 64 (200).
     assert Adaptive(**uncapped).next_target(4, poll(4, limit=64, **KV)) == pytest.approx(34)
-    assert Adaptive(**uncapped).next_target(4, poll(4, limit=None, **KV)) == pytest.approx(94)
+    assert Adaptive(**uncapped).next_target(4, poll(4, limit=None, **KV)) == pytest.approx(102)
     whole = Adaptive(**uncapped, jump_fraction=1.0)
     assert whole.next_target(4, poll(4, limit=64, **KV)) == pytest.approx(64)
     assert whole.jump_to == pytest.approx(64)
-    assert Adaptive(**uncapped, jump_fraction=1.0).next_target(4, poll(4, limit=None, **KV)) == pytest.approx(184)
-    # Beside peers (4 of 16 running at 8 %: a KV bound of 46), a doubling to 8, capped at 4 + (20 - 16) / 4 = 5.
+    assert Adaptive(**uncapped, jump_fraction=1.0).next_target(4, poll(4, limit=None, **KV)) == pytest.approx(200)
+    # Beside peers (4 of 16 running at 8 %: a KV bound of 50), a doubling to 8, capped at 4 + (20 - 16) / 4 = 5.
     shared = poll(4, running=16, limit=20, kv=0.08, blocks=10_000)
     assert Adaptive().next_target(4, shared) == 5
 

@@ -127,11 +127,17 @@ def test_a_full_batch_is_no_saturation_on_a_one_step_engine() -> None:
     cut = saturated_at_64(policy, generated=0.0)
     assert cut == 0.9 * (200 * 128 / 264)  # cut to the pipelined share, and C = 64 recorded
     assert policy.capacity(0.0) == 64
-    # Back at a full batch of 64, near-full, nothing waiting: the goal counts a second batch (2 × 64 = 128), so
-    # the target climbs toward it by the step...
+    # Back at a full batch of 64, near-full, nothing waiting: a decoder would cut (the inferred rule); here the
+    # goal counts a second batch (2 × 64 = 128), so the target climbs toward it by the step...
     assert policy.next_target(120.0, poll(120, 64, 0, time=12.0)) == 121.0
     # ...and far below it returns at once to 0.9 × 128.
     assert policy.next_target(100.0, poll(100, 64, 0, time=24.0)) == 0.9 * 128
+
+
+def test_a_decoder_at_its_learnt_capacity_still_cuts() -> None:
+    policy = Adaptive()
+    assert saturated_at_64(policy, generated=500.0) == 0.9 * (200 * 64 / 200)
+    assert policy.next_target(100.0, poll(100, 64, 0, generated=500.0, time=12.0)) == 0.9 * 100
 
 
 def test_no_visible_queue_is_tolerated() -> None:
@@ -142,14 +148,15 @@ def test_no_visible_queue_is_tolerated() -> None:
 
 
 def test_without_the_one_step_rules_a_pooling_engine_is_read_as_a_decoder() -> None:
-    # The cut to the served share 64 (not the pipelined 97); then W_max 64 is the goal, not two batches (128), so
-    # 100 is above it: a probe of +1, as on a decoder, where the rules restore to 0.9 × 128.
+    # The cut to the served share 64 (not the pipelined 97); then back at the sampled 64 running with nothing
+    # waiting, the inferred saturation cuts to 0.9 × the 100 in flight, as on a decoder, where the rules climb
+    # toward two batches (0.9 × 128).
     off = Adaptive(without=("one-step",))
     assert saturated_at_64(off, generated=0.0) == 0.9 * 64
     decoder = Adaptive()
     assert saturated_at_64(decoder, generated=500.0) == 0.9 * 64
-    assert off.next_target(100.0, poll(100, 64, 0, time=12.0)) == 101.0
-    assert decoder.next_target(100.0, poll(100, 64, 0, generated=500.0, time=12.0)) == 101.0
+    assert off.next_target(100.0, poll(100, 64, 0, time=12.0)) == 0.9 * 100
+    assert decoder.next_target(100.0, poll(100, 64, 0, generated=500.0, time=12.0)) == 0.9 * 100
     on = Adaptive()
     saturated_at_64(on, generated=0.0)
     assert on.next_target(100.0, poll(100, 64, 0, time=12.0)) == 0.9 * 128
@@ -298,7 +305,7 @@ def test_beside_a_peer_a_one_step_client_holds_its_share_of_two_batches() -> Non
     cut = policy.next_target(100.0, poll(100, 64, 136, completed=64, calls=32, time=0.0))
     assert cut == policy.cut_to == 0.9 * (100 * 128 / 264)  # 43.6
     assert policy.capacity(0.0) == 64 and policy.goal(poll(44, 40, completed=64, calls=32, time=1.0)) == 64.0
-    # 44 is under 3/4 of the knee (48): far below it, the restore to 0.9 × 64.
+    # 44 is under 3/4 of the knee (48): far below it, slow start (a doubling to 88) capped at 0.9 × 64.
     assert policy.next_target(44.0, poll(44, 40, completed=64, calls=32, time=1.0)) == 0.9 * 64
     # Near it, +1 a poll; at it, a cut before any queue shows (no probe past it), then +1 from there.
     assert policy.next_target(58.0, poll(58, 50, completed=64, calls=32, time=2.0)) == 59.0
@@ -311,12 +318,17 @@ def test_beside_a_peer_a_one_step_client_holds_its_share_of_two_batches() -> Non
     assert alone.next_target(64.0, poll(64, 64, completed=64, time=1.0)) == 0.9 * 128
 
 
-def test_the_fail_safes_floor_is_restored_from_beside_a_peer() -> None:
-    # Below where our own cut left us (the controller's floor after an outage), the restore runs at once.
+def test_beside_a_peer_the_fail_safes_floor_slow_starts_back_to_the_knee() -> None:
+    # Below where our own cut left us (the controller's floor after an outage): slow start, not the additive step
+    # of our own band, doubling up to 0.9 × our share of the knee (64), then +1 toward the knee.
     policy = Adaptive()
     policy.next_target(100.0, poll(100, 64, 136, completed=64, calls=32, time=0.0))
     policy.next_target(64.0, poll(64, 64, completed=64, calls=32, time=1.0))  # cut at the knee: 57.6
-    assert policy.next_target(4.0, poll(4, 40, completed=64, calls=32, time=2.0)) == 0.9 * 64
+    targets = [4.0]
+    for i in range(5):
+        obs = poll(int(targets[-1]), 40, completed=64, calls=32, time=2.0 + i)
+        targets.append(policy.next_target(targets[-1], obs))
+    assert targets == [4.0, 8.0, 16.0, 32.0, 0.9 * 64, 0.9 * 64 + 1]
 
 
 def test_the_completion_share_sums_over_a_few_batches() -> None:

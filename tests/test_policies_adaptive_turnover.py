@@ -1,6 +1,6 @@
 """The adaptive policy's first ramp paced by turnover: a lone client's growth per round trip of its own
-calls, the rate test only over a round trip, a queue the engine is still admitting held rather than cut, and the
-engine-full test not fooled by other clients leaving. Exact values from hand-built observations."""
+calls, a queue the engine is still admitting held rather than cut, and the engine-full test not fooled by other
+clients leaving. Exact values from hand-built observations."""
 
 from __future__ import annotations
 
@@ -51,23 +51,6 @@ def test_an_interval_that_queued_us_or_a_shared_engine_doubles_once() -> None:
     assert Adaptive().next_target(4, alone(4, calls=40, time=0.0, queued=0.05)) == pytest.approx(32)
     # Three other clients' 12 running beside our 4 (share 1/4 < jump_share): one doubling, as they do.
     assert Adaptive().next_target(4, alone(4, calls=40, time=0.0, running=16)) == 8
-
-
-def test_the_rate_test_judges_a_window_only_over_a_round_trip_of_it() -> None:
-    # 8, 16, then 32 in flight, one round trip a poll (8 and 16 completions: one doubling each). Then 15
-    # completions: a rate that fell, but 15 are less than one round trip of the 16 held before this poll, so
-    # they say nothing about it: the ramp goes on (one doubling: 15 < 32).
-    p = Adaptive()
-    assert p.next_target(8, alone(8, calls=8, time=0.0)) == 16
-    assert p.next_target(16, alone(16, calls=16, time=12.0)) == 32
-    assert p.next_target(32, alone(32, calls=15, time=24.0)) == 64
-    assert p.ramping
-    # 17 completions are a round trip of those 16, and +6 % over the 16 before: the pipe is full, W_max = 32.
-    q = Adaptive()
-    assert q.next_target(8, alone(8, calls=8, time=0.0)) == 16
-    assert q.next_target(16, alone(16, calls=16, time=12.0)) == 32
-    assert q.next_target(32, alone(32, calls=17, time=24.0)) == 33
-    assert q.w_max == 32
 
 
 def test_a_queue_the_engine_is_still_taking_in_is_held_not_cut() -> None:

@@ -2,7 +2,7 @@
 capacity-waiting request is a saturation, whatever the interval's waits. With one (``Observation.limits``), a queue
 while ``running`` is below the limit waits for prefill tokens or KV blocks, not for a slot: it is cut only when the
 interval's requests waited a cut's worth (their mean queue time over ``1 - decrease_factor`` of our mean round
-trip), at the limit, or when KV usage is at ``kv_high``."""
+trip), or at the limit."""
 
 from __future__ import annotations
 
@@ -88,12 +88,6 @@ def test_the_same_queue_with_running_at_the_stated_limit_is_cut() -> None:
 def test_without_the_stated_limits_rule_the_same_queue_is_cut() -> None:
     p = after_first_cut(Adaptive(without=("stated-limits",)), limit=128)
     obs = poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=128)
-    assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
-
-
-def test_below_the_stated_limit_kv_usage_at_kv_high_is_still_cut() -> None:
-    p = after_first_cut(limit=128)
-    obs = replace(poll(82, running=105, waiting=1, time=12.0, queue_s=0.02, limit=128), kv_cache_usage=0.92)
     assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
 
 
