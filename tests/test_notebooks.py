@@ -17,6 +17,7 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = {
     "aimd_ramp": ["aimd_ramp_targets", "aimd_ramp_tradeoffs"],
+    "default_ramp": ["default_ramp_rules", "default_ramp_runs", "default_ramp_kv_jump"],
     "policy_comparison": ["comparison_scatter", "comparison_bars", "comparison_grid"],
     "fairness": ["fairness_phase_plot", "fairness_four_clients", "fairness_32_clients"],
     "step_response": ["step_response"],
