@@ -22,9 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from model_concurrency.lab.report import MAX_WORDS, Run, build_page
+if TYPE_CHECKING:  # the lab needs numpy (the [sim] extra): imported by the handlers, so --help stays light
+    from model_concurrency.lab.report import Run
 
 __all__ = ["live_misses", "read_rows", "register"]
 
@@ -202,6 +203,8 @@ def _timed(label: str, seconds: dict[str, float], start: float) -> None:
 
 def collect(args: argparse.Namespace) -> Run:
     """Run the three studies into the work folder and return the run's record (also written as run.json)."""
+    from model_concurrency.lab.report import Run
+
     policies, default = _policies(args)
     if args.n < 1:
         raise ValueError("--n must be >= 1")
@@ -243,6 +246,8 @@ def collect(args: argparse.Namespace) -> Run:
 
 
 def load_run(folder: Path) -> Run:
+    from model_concurrency.lab.report import Run
+
     path = folder / "run.json"
     if not path.is_file():
         raise ValueError(f"{path}: not found (a work folder of `model-concurrency report`, which writes it)")
@@ -251,7 +256,9 @@ def load_run(folder: Path) -> Run:
 
 
 def write_page(folder: Path, out: Path, run_record: Run | None = None) -> int:
-    """The page from the folder's CSVs; exit 1 when it is over :data:`MAX_WORDS` (it is written all the same)."""
+    """The page from the folder's CSVs; exit 1 when it is over the page's word limit (it is written all the same)."""
+    from model_concurrency.lab.report import MAX_WORDS, build_page
+
     record = run_record or load_run(folder)
     page = build_page(record, read_rows(folder / "bundled" / "compare.csv"), read_rows(folder / "fuzz" / "fuzz.csv"))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
 * **application-limited** (``near_full``): our peak in flight did not fill the window; hold.
 * **first ramp** (nothing learnt yet, policies/first_ramp.py): grow ``slow_start_factor`` per round trip of our
   calls, at most ``jump_max_factor`` a poll; alone on the engine, jump ``jump_fraction`` of the way to the bound
-  the KV cache (and a stated sequence limit) puts on our in-flight. It ends at the first queue, or when the engine
-  stopped taking our growth.
+  the KV cache (and a stated sequence limit) puts on our in-flight. It ends at the first queue, when the engine
+  stopped taking our growth, or when a doubling raised our completion rate by less than ``startup_exit``.
 * **below the goal** (``slow_start_below``): far under ``W`` (or our share of the sampled capacity), slow start back
   to ``decrease_factor`` × it; beside peers, after our own cuts, the additive step instead.
 * **additive increase** (``increase_step``): the same absolute step for every client, so shares converge.
@@ -64,6 +64,7 @@ class Adaptive:
     Parameters (docs/policies.md has each with its range and what removing it costs):
         slow_start_factor: growth per round trip on the first ramp and far below the goal; the probes' growth.
         slow_start_below: slow start while the target is under this share of the goal.
+        startup_exit: a doubling must raise our completion rate by this factor, else the first ramp ends.
         decrease_factor: a saturated poll cuts to this share of the served share; slow start returns here.
         increase_step: the additive step per poll, and the first probe.
         near_full: grow only when the interval's peak in flight reached this share of the target.
@@ -77,6 +78,7 @@ class Adaptive:
 
     slow_start_factor: float = 2.0
     slow_start_below: float = 0.85
+    startup_exit: float = 1.15
     decrease_factor: float = 0.9
     increase_step: float = 1.0
     near_full: float = 0.8
@@ -108,12 +110,14 @@ class Adaptive:
     held: bool = field(default=False, init=False)
     ramp_sample: bool = field(default=False, init=False)
     ramp_grown_at: float | None = field(default=None, init=False)
+    startup_rate: float | None = field(default=None, init=False)
     startup_load: tuple[float, float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         checks = (
             ("slow_start_factor", self.slow_start_factor > 1, "> 1"),
             ("slow_start_below", 0 <= self.slow_start_below <= 1, "in [0, 1]"),
+            ("startup_exit", self.startup_exit >= 1, ">= 1"),
             ("decrease_factor", 0 < self.decrease_factor < 1, "in (0, 1)"),
             ("increase_step", self.increase_step > 0 and math.isfinite(self.increase_step), "> 0"),
             ("near_full", 0 <= self.near_full <= 1, "in [0, 1]"),
@@ -214,6 +218,7 @@ class Adaptive:
         elif obs.inflight > 0:
             self.alone = own_share(obs) >= self.jump_share
         ramp_sample, self.ramp_sample = self.ramp_sample, False
+        rate = self._rate(obs)
         before, self.last_running = self.last_running, obs.running
         risen = obs.running - before if before is not None else None
         factor = self._rescale(obs)
@@ -231,9 +236,9 @@ class Adaptive:
         if why is not None:
             return self._on_queue(target, obs, capacity, risen, why)
         if app_limited(obs, target, self.near_full):
-            self.startup_load = None  # an application-limited poll says nothing
+            self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
-        return min(self._grow(target, obs), max(target, self.stated_bound(obs)))
+        return min(self._grow(target, obs, rate), max(target, self.stated_bound(obs)))
 
     def _fresh_capacity(self, obs: Observation, target: float, ramp_sample: bool) -> float | None:
         """The capacity estimate, cleared when the engine runs more than it ever did while saturated: its limit
@@ -276,7 +281,7 @@ class Adaptive:
         if first_ramp.absorbing(self, obs, risen):
             if self.ramping:  # not a wall, but no room to double into: the ramp ends here, without a cut
                 self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-                self.startup_load = None
+                self.startup_rate = self.startup_load = None
             return target
         served = pipelined_share(obs, self._batch(obs, capacity)) if self.pipelining else sustainable(obs)
         ramping = self.ramping
@@ -284,7 +289,7 @@ class Adaptive:
             # The engine's own word, and only at the most it has run: a queue below that waits for tokens or
             # blocks, not a slot; an inferred cut must not re-record the sample it was inferred from.
             self.samples.append((obs.time, obs.running))
-        self.probes, self.startup_load = 0, None
+        self.probes, self.startup_rate, self.startup_load = 0, None, None
         if served is None:  # none of the queue is ours
             return target
         self.w_max, self.w_max_time = served, obs.time
@@ -313,10 +318,17 @@ class Adaptive:
         return queued > (1 - self.decrease_factor) * latency
 
     # -- growth -------------------------------------------------------------------------------------------------
-    def _grow(self, target: float, obs: Observation) -> float:
+    def _rate(self, obs: Observation) -> float | None:
+        """Our completions per second since the previous poll (the first ramp's exit test), None on the first."""
+        before, self.last_time = self.last_time, obs.time
+        if before is None or obs.time <= before:
+            return None
+        return obs.client_calls / (obs.time - before)
+
+    def _grow(self, target: float, obs: Observation, rate: float | None) -> float:
         goal = self.goal(obs)
         if goal is None:
-            return first_ramp.grow(self, target, obs)
+            return first_ramp.grow(self, target, obs, rate)
         knee = self._one_step_knee(obs)
         if knee is not None and target >= max(self.cut_to, KNEE_RESTORE * knee):
             # Beside a peer on a one-step engine whose knee is known: no probe past our share of it, and a cut at

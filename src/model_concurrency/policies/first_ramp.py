@@ -6,9 +6,8 @@ trip, so the ramp grows ``slow_start_factor`` per round trip of our calls that t
 ``jump_max_factor`` a poll, and only alone on the engine (beside peers whoever polled first would take it). Alone
 and with the KV figures, it jumps ``jump_fraction`` of the way to the bound the cache (and a stated sequence
 limit) puts on our in-flight; the next clean poll makes the jump the remembered level, from which the probes go
-on. It ends at the first queue (the policy's cut) or when the engine stopped taking our growth. A bottleneck in
-front of the engine (an API server's CPU, a gateway), which the engine's gauges never show, is the growth guard's to
-catch (guard.py). On a one-step engine it grows only once our calls came back since the last growth.
+on. It ends when a growth bought too little completion rate, when the engine stopped taking our growth, or at the
+first queue (the policy's cut). On a one-step engine it grows only once our calls came back since the last growth.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ class Ramping(Protocol):
     learnt, and the ramp's own state."""
 
     slow_start_factor: float
+    startup_exit: float
     increase_step: float
     jump_share: float
     jump_fraction: float
@@ -39,6 +39,7 @@ class Ramping(Protocol):
     jump_to: float | None
     held: bool
     ramp_grown_at: float | None
+    startup_rate: float | None
     startup_load: tuple[float, float] | None
 
     @property
@@ -81,11 +82,11 @@ def admitting(p: Ramping, obs: Observation) -> bool:
     return grew > 0 and obs.running - load[1] >= 0.5 * grew
 
 
-def grow(p: Ramping, target: float, obs: Observation) -> float:
+def grow(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
     """The first ramp's answer for this poll (the module docstring's rules)."""
     if _blind(p, obs):
         return target
-    answer = _ramp_step(p, target, obs)
+    answer = _ramp_step(p, target, obs, rate)
     if answer > target:
         p.ramp_grown_at = obs.time
     return answer
@@ -101,8 +102,8 @@ def _blind(p: Ramping, obs: Observation) -> bool:
     return obs.client_calls <= 0 or (latency is not None and obs.time - grown_at < latency)
 
 
-def _ramp_step(p: Ramping, target: float, obs: Observation) -> float:
-    grown = _startup(p, target, obs)
+def _ramp_step(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
+    grown = _startup(p, target, obs, rate)
     estimate, (jumped, p.jump_to) = p.kv_estimate(obs), (p.jump_to, None)
     if estimate is None:
         return grown
@@ -110,7 +111,7 @@ def _ramp_step(p: Ramping, target: float, obs: Observation) -> float:
     if p.ramping and jumped is not None and target >= jumped - 1:
         # The jump ran a poll without saturating: a floor under the capacity. Probe above it from here.
         p.w_max, p.w_max_time, p.probes = target, obs.time, 0
-        p.startup_load = None
+        p.startup_rate = p.startup_load = None
         return min(target + p.increase_step, max(target, bound))
     if p.ramping and p.on("kv-jump") and own_share(obs) >= p.jump_share and not p.one_step:
         # Not on a one-step engine: a pooling sequence holds one block, and the KV bound says nothing there.
@@ -123,10 +124,15 @@ def _ramp_step(p: Ramping, target: float, obs: Observation) -> float:
     return min(grown, max(target, bound))
 
 
-def _startup(p: Ramping, target: float, obs: Observation) -> float:
-    """Grow, unless the engine's ``running`` rose by less than half of our own increase since the previous poll:
-    the engine is full, and our growth only displaces other clients."""
+def _startup(p: Ramping, target: float, obs: Observation, rate: float | None) -> float:
+    """Grow, unless the last growth bought too little: our completion rate rose by less than ``startup_exit``,
+    or the engine's ``running`` rose by less than half of our own increase (full; we only displace others)."""
+    previous, p.startup_rate = p.startup_rate, rate
     load, p.startup_load = p.startup_load, (float(obs.inflight), obs.running)
+    if previous and rate is not None and rate < p.startup_exit * previous and _turned_over(p, obs, load):
+        p.w_max, p.w_max_time, p.probes = target, obs.time, 0
+        p.startup_rate = p.startup_load = None
+        return target + p.increase_step
     if p.on("engine-full-exit") and load is not None and not p.pipelining:
         grew = obs.inflight - load[0]
         risen = obs.running - load[1]
@@ -134,9 +140,15 @@ def _startup(p: Ramping, target: float, obs: Observation) -> float:
         if grew > 0 and risen < 0.5 * grew and not (p.on("turnover-ramp") and risen < -grew):
             before = max(target / p.slow_start_factor, target - grew + max(0.0, risen))
             p.w_max, p.w_max_time, p.probes = before, obs.time, 0
-            p.startup_load = None
+            p.startup_rate = p.startup_load = None
             return before + p.increase_step
     return max(target * _ramp_factor(p, obs), target + p.increase_step)
+
+
+def _turned_over(p: Ramping, obs: Observation, load: tuple[float, float] | None) -> bool:
+    """The interval's completions add up to the window we held: one round trip of it, so its rate says what
+    the window buys (a poll shorter than a call compares a handful of completions)."""
+    return not p.on("turnover-ramp") or load is None or obs.client_calls >= load[0]
 
 
 def _ramp_factor(p: Ramping, obs: Observation) -> float:

@@ -41,6 +41,12 @@ ADAPTIVE_RULES = (
     _rule(
         "rescale", "rescale_threshold", "a KV block count change rescales target and memory", rescale_threshold=math.inf
     ),
+    _rule(
+        "startup-exit",
+        "startup_exit",
+        "the first ramp ends when a doubling stops raising completions",
+        startup_exit=1.0,
+    ),
     _without("engine-full-exit", "", "the first ramp ends when the engine stops taking our growth"),
     _without("kv-jump", "jump_fraction", "alone, the first ramp jumps toward the KV cache's bound"),
     _rule("jump-max", "jump_max_factor", "one poll multiplies the target by at most this", jump_max_factor=1e9),
