@@ -192,6 +192,7 @@ def test_application_limited_holds_and_an_idle_spell_forgets_nothing() -> None:
         {"window_polls": 0},
         {"rescale_threshold": 0.0},
         {"slow_start_below": 1.5},
+        {"startup_exit": 0.9},
         {"window_s": 0.0},
         {"window_polls": 2.5},
     ],
@@ -272,3 +273,20 @@ def test_without_capacity_samples_the_goal_is_w_max_alone() -> None:
     assert with_samples.capacity(0.0) == 1024 and without.capacity(0.0) is None
     assert with_samples.next_target(50, full(50, time=12.0, running=500)) == pytest.approx(0.9 * 102.4)
     assert without.next_target(50, full(50, time=12.0, running=500)) == 51
+
+
+def test_slow_start_doubles_until_a_doubling_buys_less_than_15_percent() -> None:
+    p = Adaptive()
+    targets = [4.0]
+    # Completions per 12 s poll: each doubling buys +100 %, +100 %, then only +9 % (the engine's knee). One
+    # round trip of the window a poll (calls = in flight), so each poll doubles once; the last interval's 35
+    # completions are a round trip of the 32 held before it, so its rate is a fair test of that window.
+    for i, calls in enumerate([0, 8, 16, 32, 35]):
+        targets.append(p.next_target(targets[-1], full(targets[-1], time=12.0 * i, calls=calls)))
+    assert targets == [4, 8, 16, 32, 64, 65]
+    assert p.w_max == 64  # the full pipe becomes the goal
+    # Above the goal: probes of +1, +2, +4 (the step doubles while nothing queues).
+    t = 65.0
+    for i, expected in enumerate([66.0, 68.0, 72.0]):
+        t = p.next_target(t, full(t, time=60.0 + 12.0 * i, calls=40))
+        assert t == expected

@@ -94,3 +94,20 @@ def test_others_leaving_is_not_a_full_engine() -> None:
     q.next_target(2, shared(2, running=41, waiting=0, time=0.0))
     assert q.next_target(4, shared(4, running=41, waiting=0, time=36.0)) == 3
     assert q.w_max == 2
+
+
+def test_the_rate_test_judges_a_window_only_over_a_round_trip_of_it() -> None:
+    # 8, 16, then 32 in flight, one round trip a poll (8 and 16 completions: one doubling each). Then 15
+    # completions: a rate that fell, but 15 are less than one round trip of the 16 held before this poll, so
+    # they say nothing about it: the ramp goes on (one doubling: 15 < 32).
+    p = Adaptive()
+    assert p.next_target(8, alone(8, calls=8, time=0.0)) == 16
+    assert p.next_target(16, alone(16, calls=16, time=12.0)) == 32
+    assert p.next_target(32, alone(32, calls=15, time=24.0)) == 64
+    assert p.ramping
+    # 17 completions are a round trip of those 16, and +6 % over the 16 before: the pipe is full, W_max = 32.
+    q = Adaptive()
+    assert q.next_target(8, alone(8, calls=8, time=0.0)) == 16
+    assert q.next_target(16, alone(16, calls=16, time=12.0)) == 32
+    assert q.next_target(32, alone(32, calls=17, time=24.0)) == 33
+    assert q.w_max == 32
