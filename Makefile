@@ -39,12 +39,14 @@ wheel: setup
 	$(BIN)/python -m pip wheel --no-deps -q -w dist .
 
 # docs/results.md, generated (never edit it by hand): one run, at this commit, of the bundled scenarios and the
-# scenario generator (seed 41, 200 draws at full length) with the default policy and its peers, plus the quick live
-# checks (benchmarks/conformance.py --quick); the page's tables are written from their CSVs, each beside the command
-# that made it. Work files go to out/report (`model-concurrency report --from out/report` rewrites the page from
-# them). Roughly 40 minutes on two idle cores with the oracle sweeps cached, about an hour without.
+# scenario generator (seed 41, 200 draws) at a quarter of their length, with the default policy and its peers, plus
+# the quick live checks (benchmarks/conformance.py --quick); the page's tables are written from their CSVs, each
+# beside the command that made it. The CSVs and the run's record are kept in docs/figures/report, from which
+# `model-concurrency report --from docs/figures/report` rewrites the page (tests/test_docs_figures.py does). About
+# 20 minutes on two idle cores with the oracle sweeps cached, half an hour more without.
 results: setup
-	$(BIN)/model-concurrency report --out docs/results.md
+	$(BIN)/model-concurrency report --out docs/results.md --seed 41 --n 200 --scale 0.25 --work docs/figures/report
+	rm -rf docs/figures/report/fuzz/scenarios docs/figures/report/bundled/compare.md docs/figures/report/fuzz/worst.md
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
