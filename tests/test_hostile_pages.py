@@ -62,7 +62,7 @@ class Engine:
 @pytest.fixture(autouse=True)
 def knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", str(POLL_S))
-    monkeypatch.setenv("MODEL_MAX_CONCURRENCY", "4096")
+    monkeypatch.setenv("MODEL_MAX_CONCURRENCY", "65536")
 
 
 def runtime_on(server: MetricsServer, clock: FakeClock) -> ModelRuntime:

@@ -274,6 +274,9 @@ class ControllerCore:
             return None, held
         try:
             answer = self.policy.next_target(self.target_value, obs)
+            cap = self.page_hold.growth_cap(self.target_value)
+            if cap is not None and float(answer) > cap:
+                answer = Target(cap, answer.tokens) if isinstance(answer, Target) else cap
             return answer, float(answer)  # a Target is its request count; its tokens ride along
         except Exception as exc:  # a plug-in policy's bug must not reach the caller's fan-out
             self.last_error = f"policy {type(self.policy).__name__} raised {type(exc).__name__}: {exc}"

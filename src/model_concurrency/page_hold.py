@@ -31,7 +31,9 @@ I/O. The rules, each a property a full engine cannot have:
   undone. (Without (c), a queue kept at one length by two clients sharing an engine fired it on
   ``embed-shared`` and ``multi-client-32``; with it, no bundled scenario checked holds a single poll.)
 * **retractions at zero goodput** (retraction livelock): preemptions on ``retraction_polls`` consecutive polls
-  (3) without a single completion. Held from then, back at the target the spell started from.
+  (3) without a single completion. Held from then, back at the target the spell started from; before that the
+  spell's polls may not grow the target (:meth:`PageHold.growth_cap`): an engine retracting what it admitted and
+  finishing nothing has no room, whatever its queue says.
 
 A hold ends on the first poll that breaks its rule (the count moves, a completion, ``running`` above 0); the
 policy then decides again from the held target. While a hold lasts the poll does not count as saturated.
@@ -113,11 +115,16 @@ class PageHold:
         elif queue is not None:
             self.reason, held = WEDGED, max(target, queue)
         elif retraction is not None:
-            self.reason, held = RETRACTION_LIVELOCK, max(target, retraction)
+            self.reason, held = RETRACTION_LIVELOCK, retraction
         else:
             return None
         self.holds += 1
         return held
+
+    def growth_cap(self, target: float) -> float | None:
+        """The most the policy may answer this poll: ``target`` while a retraction spell is open (not yet held),
+        else None (no cap)."""
+        return target if self.enabled and self._retraction is not None and self.reason is None else None
 
     def _track_queue(self, target: float, obs: Observation, elapsed: float) -> float | None:
         """The wedge rule: the spell's start target once confirmed, else None."""
