@@ -25,7 +25,7 @@ import simpy
 
 from model_concurrency.engine import Fleet, Request, Server, get_preset
 
-EXPECTED = "eeb26cec20e5ad843ae9afe8c3b130890124fa84de9addc421f915979737ddc7"
+EXPECTED = "2d491814cad1a698de5cbecbb80806c64d1166f31ab2a8017db6fc895c08bab5"
 
 
 def _poisson(
