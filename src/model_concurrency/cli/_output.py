@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-__all__ = ["fmt", "print_table", "progress_bar"]
+__all__ = ["fmt", "print_table", "progress_bar", "run_counter"]
 
 
 def fmt(value: Any) -> str:
@@ -78,6 +78,19 @@ def progress_bar(
     finally:
         if bar is not None:
             bar.close()
+
+
+@contextmanager
+def run_counter(total: int, desc: str, *, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """Yields ``finished(label)``, called once per finished run of a study: :func:`progress_bar` counted in runs."""
+    with progress_bar(total, desc, enabled=enabled, unit="runs") as update:
+        done = [0]
+
+        def finished(label: str) -> None:
+            done[0] += 1
+            update(done[0], label)
+
+        yield finished
 
 
 def _print_rich(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], title: str) -> bool:

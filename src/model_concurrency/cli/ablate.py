@@ -46,7 +46,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from model_concurrency.cli._output import progress_bar
+    from model_concurrency.cli._output import run_counter
     from model_concurrency.lab.ablation import ablation_line, rules_for, run_ablation
 
     seeds = _seeds(args.seeds)
@@ -57,13 +57,7 @@ def run(args: argparse.Namespace) -> int:
     names = None if args.rules.strip() == "all" else [r.strip() for r in args.rules.split(",") if r.strip()]
     chosen, _ = rules_for(args.policy, names)
     per_round = (len(chosen) + 1) * (len(seeds) * args.n + (16 if args.bundled else 0))
-    with progress_bar(per_round * args.rounds, "ablate", enabled=not args.quiet, unit="runs") as update:
-        done = [0]
-
-        def progress(label: str) -> None:
-            done[0] += 1
-            update(done[0], label)
-
+    with run_counter(per_round * args.rounds, "ablate", enabled=not args.quiet) as progress:
         result = run_ablation(
             args.policy,
             seeds=seeds,

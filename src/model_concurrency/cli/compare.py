@@ -55,20 +55,14 @@ def study_policies(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from model_concurrency.cli._output import print_table, progress_bar
+    from model_concurrency.cli._output import print_table, run_counter
     from model_concurrency.lab.compare import COLUMNS, run_study, write_csv, write_grid, write_markdown
     from model_concurrency.lab.scenario import load_scenario
 
     policies = study_policies(args)
     scenarios = [load_scenario(path).scaled(args.scale) for path in args.scenarios]
     total = len(scenarios) * (len(policies) + 1)  # each scenario's oracle, then its pairs
-    with progress_bar(total, "compare", enabled=not args.quiet, unit="runs") as update:
-        done = [0]
-
-        def progress(label: str) -> None:
-            done[0] += 1
-            update(done[0], label)
-
+    with run_counter(total, "compare", enabled=not args.quiet) as progress:
         study = run_study(scenarios, policies, jobs=args.jobs or os.cpu_count(), progress=progress)
     out: Path = args.out
     written = [write_markdown(study.rows, out / "compare.md"), write_csv(study.rows, out / "compare.csv")]

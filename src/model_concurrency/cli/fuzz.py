@@ -33,20 +33,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from model_concurrency import config
-    from model_concurrency.cli._output import progress_bar
+    from model_concurrency.cli._output import run_counter
     from model_concurrency.lab.fuzz import run_fuzz, worst_table
 
     policies = study_policies(args)
     if args.n < 1:
         raise ValueError("--n must be >= 1")
     default = str(config.setting(*config.POLICY))
-    with progress_bar(args.n * (len(policies) + 1), "fuzz", enabled=not args.quiet, unit="runs") as update:
-        done = [0]
-
-        def progress(label: str) -> None:
-            done[0] += 1
-            update(done[0], label)
-
+    with run_counter(args.n * (len(policies) + 1), "fuzz", enabled=not args.quiet) as progress:
         result = run_fuzz(
             args.n,
             args.seed,
