@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plot:
         written.append(write_grid(study, out / "compare.png", dpi=args.dpi))
     if not args.quiet:
-        shown = [c for c in COLUMNS if c not in ("oracle_goodput", "oracle_queue_time_p99_s", "latency_p99_s")]
+        hidden = {"oracle_goodput", "oracle_queue_time_p99_s", "latency_p99_s"} | (
+            set() if study.unscored else {"unscored"}
+        )
+        shown = [c for c in COLUMNS if c not in hidden]
         print_table(study.rows, shown, title="policy comparison")
     for path in written:
         print(f"wrote {path}")
