@@ -256,6 +256,7 @@ def test_a_throttled_slot_cuts_the_runtime_target_at_once() -> None:
     spec = runtime_for("m").spec
     runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource(), clock=TickingClock()))
     runtime.core.target_value = 64.0
+    runtime.core.next_poll_at = math.inf  # no poll drains the call counts or moves the target under the test
     runtime.apply_limits()
 
     async def main() -> None:
