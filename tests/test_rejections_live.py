@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -43,6 +44,7 @@ def fresh_runtime() -> ModelRuntime:
     register_model("m", base_url=None, max_parallel_calls=4)
     runtime = install_runtime(ModelRuntime(runtime_for("m").spec, name="m", source=ClientOnlySource()))
     runtime.core.target_value = float(START)
+    runtime.core.next_poll_at = math.inf  # no background poll drains the call counts or moves the target
     runtime.apply_limits()
     return runtime
 

@@ -282,6 +282,7 @@ def test_a_429_through_the_httpx_transport_cuts_the_target() -> None:
     spec = runtime_for("m").spec
     runtime = install_runtime(ModelRuntime(spec, name="m", source=ClientOnlySource()))
     runtime.core.target_value = 64.0
+    runtime.core.next_poll_at = math.inf
     runtime.apply_limits()
     refusing = page("slow down", status=429, headers={"retry-after-ms": "1"})
     with fault_server(refusing) as server, httpx.Client(transport=SlotTransport(model="m"), timeout=5) as client:
