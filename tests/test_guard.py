@@ -82,6 +82,39 @@ def test_alone_on_the_engine_growth_that_reached_it_is_the_engines_to_judge() ->
         assert capped.cap == 69 and capped.fired == 1
 
 
+def ramp_past_the_front_end(running: int, waiting: int) -> GrowthGuard:
+    """The live shape of an embedding server whose API front end, not its engine, is the bottleneck: the first
+    ramp's polls at 4, 31 and 250 in flight, completions 77, 469 and 604 a second, the engine running a handful."""
+    guard = GrowthGuard()
+    guard.bound(4, 4, interval(0, 4, 77, 0.051))
+    guard.bound(4, 32, interval(10, 4, 77, 0.051, running=0))
+    guard.bound(32, 256, interval(20, 31, 469, 0.066, running=4))
+    guard.bound(256, 512, interval(30, 250, 604, 0.37, running=running, waiting=waiting))
+    return guard
+
+
+def test_a_ramp_past_a_front_end_bottleneck_is_capped_at_twice_the_bandwidth_delay_product() -> None:
+    # The ramp jumped 31 -> 250, so the lowest sample on the plateau is the current one and the knee rule has
+    # nothing below it. 8 of our 250 calls are in the engine: the rest wait in front of it, at six times the
+    # lowest latency. The cap: 2 x the best rate x the lowest latency, the concurrency that rate needs unloaded.
+    guard = ramp_past_the_front_end(running=8, waiting=0)
+    assert guard.cap == pytest.approx(2 * 604 * 0.051) and guard.fired == 1
+    # Half or more of our calls in the engine (running or queued there): the engine's queue is the policy's to
+    # read, and growth that reached the engine is not judged here.
+    assert ramp_past_the_front_end(running=8, waiting=117).fired == 0
+    # No engine signals at all (a hosted endpoint): nothing says where the calls wait, so no cap.
+    assert ramp_past_the_front_end(running=0, waiting=0).fired == 0
+
+
+def test_the_front_end_cap_waits_for_growth_well_past_it() -> None:
+    guard = ramp_past_the_front_end(running=8, waiting=0)
+    fit = guard.cap
+    assert fit is not None
+    # Held at the cap, the knee rule has plateau samples: 62 in flight at the best rate, the cap rising 10 % a poll.
+    assert guard.bound(fit, 512, interval(40, fit, 604, fit / 604, running=8)) == pytest.approx(1.1 * fit)
+    assert guard.fired == 1
+
+
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
     guard = GrowthGuard()
     guard.bound(32, 256, interval(0, 32, 25, 1.2))

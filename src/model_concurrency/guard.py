@@ -14,7 +14,15 @@ hosted endpoint gives, so it works whatever signal source feeds the policy:
 * the knee is the lowest concurrency among the samples within ``rate_tolerance`` of the best rate;
 * when the current sample runs ``over_knee`` × the knee's concurrency or more, with latency ``latency_rise`` ×
   the knee's or more, growth bought nothing: the guard caps the target at the knee. The cap then rises by
-  ``probe`` a poll (so a capacity that grew is found again) and is dropped once it no longer binds.
+  ``probe`` a poll (so a capacity that grew is found again) and is dropped once it no longer binds;
+* a ramp that jumps (the first ramp multiplies the target by up to eight a poll) can leave no sample between a
+  concurrency that was too low and one far past the knee, and then the lowest sample on the plateau is the current
+  one. So, when most of our calls sit in front of the engine (its ``running`` + ``waiting`` under
+  ``reached_share`` × our concurrency: a front end, gateway or network holds the rest) and latency rose
+  ``latency_rise`` × the lowest sampled, the cap is also set at ``front_end_gain`` × the best rate × that lowest
+  latency: the concurrency the best rate needs at an unloaded call's latency (the bandwidth-delay product, twice
+  it as TCP BBR's window), once the current sample runs ``over_knee`` × that or more. The knee rule then has
+  samples on the plateau to judge by.
 
 Throttled calls (429/503) are a harder signal, handled here so every policy gets the same rule. A rate limit is a
 limit in calls per second, not in concurrency: by Little's law the concurrency that just fits is the allowed
@@ -50,6 +58,7 @@ class Sample:
     rate: float
     latency: float
     running: float = 0.0  # the engine's (or fleet's) server-wide running at the poll; 0 without engine signals
+    waiting: float = 0.0  # the engine's (or fleet's) server-wide waiting at the poll
 
 
 @dataclass(slots=True)
@@ -72,6 +81,8 @@ class GrowthGuard:
         alone_share: "alone on the engine" (default 0.9): our concurrency at least this share of its ``running``.
         reached_share: alone, growth of which the engine's ``running`` took at least this share (default 0.5, as the
             policies' full-pipe tests) reached the engine, and the cap does not judge it (``_engine_absorbed``).
+        front_end_gain: with most of our calls in front of the engine, the cap's multiple of the best rate × the
+            lowest sampled latency (``math.inf``: off).
         steady: a poll counts as a sample only while in flight is within this factor of rate × latency (Little's
             law). Completions lag concurrency by a call's latency, so right after a step (a ramp's fast polls,
             calls of several seconds) the rate still reflects the old load and would read as growth that
@@ -93,6 +104,7 @@ class GrowthGuard:
     throttle_recover: float = 0.1
     alone_share: float = 0.9
     reached_share: float = 0.5
+    front_end_gain: float = 2.0
     samples: deque[Sample] = field(init=False)
     cap: float | None = field(default=None, init=False)
     throttle_cap: float | None = field(default=None, init=False)
@@ -107,6 +119,8 @@ class GrowthGuard:
             raise ValueError("window must be >= 2 and min_calls >= 1")
         if not (self.over_knee > 1 and self.latency_rise > 1 and self.outage_latency > 1):
             raise ValueError("over_knee, latency_rise and outage_latency must be > 1")
+        if not self.front_end_gain > 1:
+            raise ValueError("front_end_gain must be > 1")
         if not self.steady > 1:
             raise ValueError("steady must be > 1")
         if not (0 <= self.rate_tolerance < 1 and self.probe >= 0):
@@ -132,7 +146,7 @@ class GrowthGuard:
         expected = rate * latency
         if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
             return None  # Little's law does not hold: the load moved within a call's latency (a ramp, a cut)
-        return Sample(concurrency, rate, latency, obs.running)
+        return Sample(concurrency, rate, latency, obs.running, obs.waiting)
 
     def _knee(self) -> Sample | None:
         if len(self.samples) < 2:
@@ -189,12 +203,28 @@ class GrowthGuard:
         ):
             self.cap = max(1.0, knee.concurrency)
             self.fired += 1
+        elif sample is not None and (fit := self._front_end_fit(sample)) is not None:
+            self.cap = fit
+            self.fired += 1
         elif self.cap is not None:
             if self.cap >= max(target, proposed):  # no longer binds: the policy is below it on its own
                 self.cap = None
             else:
                 self.cap *= 1 + self.probe
         return proposed if self.cap is None else min(proposed, self.cap)
+
+    def _front_end_fit(self, sample: Sample) -> float | None:
+        """The cap when most of our calls wait in front of the engine and growth only raised their latency (see the
+        module docstring), else None. Without engine signals (``running`` and ``waiting`` read 0) it never fires:
+        a hosted endpoint's calls may all be in its engine, and nothing here could tell."""
+        at_engine = sample.running + sample.waiting
+        if not 0 < at_engine < self.reached_share * sample.concurrency or len(self.samples) < 2:
+            return None
+        base = min(s.latency for s in self.samples)
+        if sample.latency < self.latency_rise * base:
+            return None
+        fit = self.front_end_gain * max(s.rate for s in self.samples) * base
+        return max(1.0, fit) if sample.concurrency >= self.over_knee * fit else None
 
     def _engine_absorbed(self, knee: Sample, sample: Sample) -> bool:
         """The engine's ``running`` rose by ten times our growth or more since the knee: our growth was a small part
