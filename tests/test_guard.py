@@ -19,16 +19,17 @@ class Constant:
 
 
 def interval(
-    t: float, concurrency: float, rate: float, latency: float, *, ok: bool = True, **extra: int
+    t: float, concurrency: float, rate: float, latency: float, *, ok: bool = True, seconds: float = 10, **extra: int
 ) -> Observation:
-    """One 10 s poll interval of a client that held ``concurrency`` in flight and finished ``rate`` calls/s."""
+    """One poll interval of ``seconds`` of a client that held ``concurrency`` in flight and finished ``rate``
+    calls/s."""
     return Observation(
         ok=ok,
         time=t,
         inflight=int(concurrency),
         inflight_peak=int(concurrency),
         inflight_mean=concurrency,
-        client_calls=int(rate * 10),
+        client_calls=int(rate * seconds),
         client_latency_mean_s=latency,
         **extra,
     )
@@ -50,12 +51,14 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
 
 def grown(knee: float, grew_to: float, rate: float, running: tuple[float, float]) -> GrowthGuard:
     """A guard that saw two polls at ``knee`` in flight and then ``grew_to`` at the same completion rate, latency
-    rising with concurrency (Little's law), while the engine's ``running`` went from ``running[0]`` to ``[1]``."""
+    rising with concurrency (Little's law), while the engine's ``running`` went from ``running[0]`` to ``[1]``. Each
+    poll lasts 40 s, longer than a call."""
     guard = GrowthGuard()
     latency = knee / rate
-    guard.bound(knee, 2 * knee, interval(0, knee, rate, latency, running=int(running[0])))
-    guard.bound(knee, 2 * knee, interval(10, knee, rate, latency, running=int(running[0])))
-    guard.bound(grew_to, 2 * grew_to, interval(20, grew_to, rate, grew_to / rate, running=int(running[1])))
+    guard.bound(knee, 2 * knee, interval(0, knee, rate, latency, running=int(running[0]), seconds=40))
+    guard.bound(knee, 2 * knee, interval(40, knee, rate, latency, running=int(running[0]), seconds=40))
+    late = interval(80, grew_to, rate, grew_to / rate, running=int(running[1]), seconds=40)
+    guard.bound(grew_to, 2 * grew_to, late)
     return guard
 
 
@@ -113,6 +116,23 @@ def test_the_front_end_cap_waits_for_growth_well_past_it() -> None:
     # Held at the cap, the knee rule has plateau samples: 62 in flight at the best rate, the cap rising 10 % a poll.
     assert guard.bound(fit, 512, interval(40, fit, 604, fit / 604, running=8)) == pytest.approx(1.1 * fit)
     assert guard.fired == 1
+
+
+def test_polls_shorter_than_a_call_add_up_to_one_sample() -> None:
+    guard = GrowthGuard()
+    guard.bound(50, 50, interval(0, 50, 100, 0.5, seconds=0.1))
+    # 0.1 s polls of calls that take 0.5 s: each holds 10 completions, which started at whatever load came before.
+    for i in range(1, 5):
+        guard.bound(50, 50, interval(0.1 * i, 50, 100, 0.5, seconds=0.1))
+    assert not guard.samples  # 40 completions over 0.4 s: shorter than a call
+    guard.bound(50, 50, interval(0.5, 50, 100, 0.5, seconds=0.1))
+    assert [(s.concurrency, s.rate, s.latency) for s in guard.samples] == [pytest.approx((50, 100, 0.5))]
+    # A poll at another load (more than ``steady`` away) starts a new span: the old one's polls are not blended in.
+    for i in range(6, 10):
+        guard.bound(50, 50, interval(0.1 * i, 50, 100, 0.5, seconds=0.1))
+    for i in range(10, 16):
+        guard.bound(200, 200, interval(0.1 * i, 200, 400, 0.5, seconds=0.1))
+    assert [s.concurrency for s in guard.samples] == pytest.approx([50, 200])
 
 
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:

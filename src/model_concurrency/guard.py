@@ -62,6 +62,41 @@ class Sample:
 
 
 @dataclass(slots=True)
+class _Span:
+    """Consecutive polls at about one load, gathered into one sample.
+
+    A rate measured over less than a call's latency is noise (the first ramp polls every few round trips; 50
+    completions in 0.1 s came in bursts of a batch) and describes the load the calls started at. Polls at
+    concurrencies within ``steady`` of each other add up until the span holds ``min_calls`` completions and lasts a
+    mean latency or more.
+    """
+
+    start: float
+    calls: int = 0
+    latency_sum: float = 0.0
+    inflight_time: float = 0.0
+    duration: float = 0.0
+
+    @property
+    def latency(self) -> float:
+        return self.latency_sum / self.calls if self.calls else math.inf
+
+    def rate(self, now: float) -> float:
+        return self.calls / (now - self.start)
+
+    def holds(self, concurrency: float, steady: float) -> bool:
+        """Whether a poll at ``concurrency`` belongs to this span's load."""
+        mean = self.inflight_time / self.duration
+        return mean / steady <= concurrency <= mean * steady
+
+    def add(self, dt: float, concurrency: float, calls: int, latency: float) -> None:
+        self.calls += calls
+        self.latency_sum += calls * latency
+        self.inflight_time += concurrency * dt
+        self.duration += dt
+
+
+@dataclass(slots=True)
 class GrowthGuard:
     """Caps the target at the knee of completions per second against concurrency when growth buys nothing.
 
@@ -112,6 +147,7 @@ class GrowthGuard:
     throttle_fired: int = field(default=0, init=False)
     baseline_latency: float | None = field(default=None, init=False)
     last_time: float | None = field(default=None, init=False)
+    span: _Span | None = field(default=None, init=False)
     fired: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -130,18 +166,25 @@ class GrowthGuard:
         self.samples = deque(maxlen=self.window)
 
     def _sample(self, obs: Observation) -> Sample | None:
+        """The span of polls that ends with ``obs``, once it is a sample (see :class:`_Span`), else None."""
         before, self.last_time = self.last_time, obs.time
         latency = obs.client_latency_mean_s
-        if before is None or obs.time <= before or obs.client_calls < self.min_calls:
-            return None
-        if latency is None or not (math.isfinite(latency) and latency > 0):
-            return None
-        if obs.client_errors or obs.client_throttled:  # failures are fast or slow for other reasons
-            return None
         concurrency = obs.inflight_mean if obs.inflight_mean is not None else float(obs.inflight_peak)
-        if concurrency <= 0:
+        if before is None or obs.time <= before or obs.client_errors or obs.client_throttled or concurrency <= 0:
+            self.span = None  # failures are fast or slow for other reasons; a gap or idle breaks the span
             return None
-        rate = obs.client_calls / (obs.time - before)
+        if obs.client_calls and (latency is None or not (math.isfinite(latency) and latency > 0)):
+            self.span = None
+            return None
+        span = self.span
+        if span is None or not span.holds(concurrency, self.steady):
+            span = _Span(before)
+        span.add(obs.time - before, concurrency, obs.client_calls, latency or 0.0)
+        self.span = span
+        if span.calls < self.min_calls or obs.time - span.start < span.latency:
+            return None  # shorter than a call: the calls that ended in it started at another load
+        self.span = None
+        concurrency, rate, latency = span.inflight_time / span.duration, span.rate(obs.time), span.latency
         # Little's law, multiplied out (rate × latency can underflow to 0 on absurd inputs; no division).
         expected = rate * latency
         if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
