@@ -2,7 +2,8 @@
 
 A decoder served as ``model-concurrency emulate --max-num-seqs 48`` serves it (an engine process and an API-server
 process on 127.0.0.1), whose operator stated that limit, polled every 0.5 s from the smallest floor a user has (4):
-the target reaches 40 and never passes 53 (1.1 × the limit).
+the target reaches 40 and never passes 53 (1.1 × the limit). An embedding server whose API front end is the
+bottleneck is held near its knee by the growth guard.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from model_concurrency import get_utilization, map_concurrent, register_model, reset_runtimes
 from model_concurrency.emulator import EmulatorConfig, serve_in_processes
 from model_concurrency.integrations.httpx import ShardedAsyncClient
+from model_concurrency.runtime import runtime_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +67,21 @@ def test_a_stated_sequence_limit_is_reached_and_never_passed() -> None:
     assert get_utilization("llama48")["limits"]["max_num_seqs"] == 48
     assert max(seen) >= 40, seen[-20:]
     assert max(seen) <= 53
+
+
+def test_growth_past_a_front_end_bottleneck_is_held_near_the_knee() -> None:
+    """bge-m3 behind one API-server process: the engine runs a handful of calls, the front end queues the rest.
+
+    On this machine throughput is flat from about 64 in flight up (the knee); the first ramp can jump past it (4, 32,
+    256), and the guard holds the target under 192 from a cap of twice the bandwidth-delay product and the knee
+    rule's sawtooth above the knee: the engine's gauges never show the queue, so nothing else would stop growth at
+    the ceiling (512).
+    """
+    config = EmulatorConfig(preset="bge-m3", served_model_name="bge")
+    with serve_in_processes(config) as server:
+        register_model("bge-fe", base_url=server.base_url, served_model_name="bge", max_parallel_calls=4)
+        body = {"model": "bge", "input": "a sentence to embed " * 10}
+        seen = asyncio.run(_fan_out(server.base_url, "bge-fe", "/embeddings", body, 8000, stop_at=10**6))
+    assert len(seen) == 8000
+    assert runtime_for("bge-fe").core.guard.fired >= 1  # the engine showed room all along: the guard stopped it
+    assert max(seen[-2000:]) < 192, seen[::200]  # under 3 x the knee, for good
