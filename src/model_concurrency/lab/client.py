@@ -210,10 +210,12 @@ class SimClient:
         name: str = "client",
         shared_records: tuple[array[float], array[float], array[float]] | None = None,
         stated_limits: StatedLimits | None = None,
+        lease: Callable[[SimClient], Generator[Any, Any, None]] | None = None,
     ) -> None:
         """``stated_limits``: the engines' limits the client was told, as an operator states them in a spec
         (default: the target's ``stated_limits``, which lab/world.py's front carries when the scenario says so);
-        the runtime merges them into every poll's Observation by the live rule."""
+        the runtime merges them into every poll's Observation by the live rule. ``lease``: the client is a job's
+        worker, and this process (lab/job.py) leases its limit in place of its own polls."""
         if (policy is None) == (schedule is None):
             raise ValueError("give a SimClient either a policy or a schedule")
         self.env = env
@@ -287,8 +289,11 @@ class SimClient:
         self._submit_limited = getattr(target, "submit_limited", None)
         # The poll first, as production's fan-out polls when it starts, before its first item: a poll at t=0
         # sees nothing in flight yet (lab/conformance.py measures the difference the other order made).
+        self.lease = lease
         if schedule is not None:
             env.process(self._follow_schedule())
+        elif lease is not None:
+            env.process(lease(self))
         else:
             env.process(self._poll(first_poll_s))
         env.process(self._dispatch())

@@ -16,6 +16,7 @@ import simpy
 
 from model_concurrency.engine import Engine
 from model_concurrency.lab.client import ScheduledLimit, SimClient, request_stream
+from model_concurrency.lab.job import jobs_for
 from model_concurrency.lab.neighbour import NeighbourLatency, neighbour_latency, ungated
 from model_concurrency.lab.scenario import Scenario
 from model_concurrency.lab.trace import Array, ClientTrace, Trace
@@ -61,7 +62,12 @@ def simulate(
     # Every client's per-request figures in one array each (order does not matter: only percentiles read them).
     records: tuple[array[float], array[float], array[float]] = (array("d"), array("d"), array("d"))
     clients = []
+    # A job's clients lease from one runtime (lab/job.py); the oracle's scheduled clients are each on their own.
+    jobs = jobs_for(env, c, policy_factory, scenario.seed) if policy_factory is not None else {}
     for i in range(c.count):
+        # Independent processes do not poll in lock-step, and drift apart as they go.
+        first_poll_s = float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0
+        job = jobs.get(i)
         stream = request_stream(
             np.random.default_rng([scenario.seed, i]),
             w.prompt_tokens,
@@ -91,8 +97,7 @@ def simulate(
                 ceiling=c.ceiling,
                 poll_s=c.poll_s,
                 grace_polls=c.grace_polls,
-                # Independent processes do not poll in lock-step, and drift apart as they go.
-                first_poll_s=float(rng.uniform(0, c.poll_s)) if c.count > 1 else 0.0,
+                first_poll_s=first_poll_s,
                 poll_jitter=c.poll_jitter,
                 jitter_rng=poll_jitter_rng(scenario, i),
                 items=c.items_of(i),
@@ -101,6 +106,7 @@ def simulate(
                 outage_handover=c.outage_handover,
                 name=f"client-{i}",
                 shared_records=records,
+                lease=job.member(first_poll_s) if job is not None else None,
             )
         )
     samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions", "gateway")}

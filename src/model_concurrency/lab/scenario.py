@@ -40,6 +40,7 @@ poll_jitter = 0.1       # each wait is poll_s x (1 +- up to this), per poll; abs
 stated_limits = false   # true: the clients were told the engines' max_num_seqs and max_num_batched_tokens (the
                         # fleet's engine config, over its engines x replicas at the start), as an operator states
                         # them in a ModelSpec; their Observations then carry them in ``limits``
+job = "ingest"          # the clients are one job's workers (lab/job.py); or one name per client, "" = independent
 
 [background]            # open-loop traffic from other tenants (gamma arrivals; burstiness 1 = Poisson)
 rate_rps = 0.0
@@ -103,6 +104,8 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return f"[{', '.join(_toml(item) for item in value)}]"
     return repr(value)
 
 
@@ -194,9 +197,19 @@ class Clients:
     # fleet's engine config, per engine, over the engines the fleet starts with (lab/world.py). A stated total the
     # fleet outgrows (an add_engines event) is then contradicted by the page, as a stale config line would be.
     stated_limits: bool = False
+    # One job for every client (its name), or one entry per client naming its job ("": independent): a job's
+    # clients share one runtime and lease their permits from it (lab/job.py), as a Ray job's workers do.
+    job: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_bounds(self, "clients.")
+        job = self.job
+        if isinstance(job, list | tuple) and all(isinstance(name, str) for name in job):
+            if len(job) != self.count:
+                raise ValueError(f"clients.job has {len(job)} entries: one per client (count = {self.count})")
+            object.__setattr__(self, "job", tuple(job))
+        elif job is not None and not (isinstance(job, str) and job):
+            raise ValueError(f'clients.job = {_toml(job)}: must be a name, or an array of names per client ("": none)')
         if self.poll_jitter is not None and self.poll_jitter >= 1:
             raise ValueError(f"clients.poll_jitter = {_toml(self.poll_jitter)}: must be < 1 (a share of poll_s)")
         if self.ceiling < self.floor:
