@@ -1,0 +1,154 @@
+"""Clients of one job in the lab (``[clients] job``): one runtime reads the engine, a lease book shares its target.
+
+Each run goes through ``run_scenario``, what ``model-concurrency sim`` and ``compare`` call, on a bundled scenario
+shortened with ``scaled``; every figure is in simulated time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_concurrency.cli import main
+from model_concurrency.engine import Fleet
+from model_concurrency.lab import run as lab_run
+from model_concurrency.lab.experiment import RunResult, run_scenario
+from model_concurrency.lab.job import SimJob, job_groups
+from model_concurrency.lab.scenario import Scenario, load_scenario, scenario_from_dict
+from model_concurrency.lease import LeaseBook
+from model_concurrency.policies.registry import load_policy
+
+
+def job_scenario(scale: float = 0.2, job: Any = "ingest") -> Scenario:
+    scenario = load_scenario("multi-client-job").scaled(scale)
+    return dataclasses.replace(scenario, clients=dataclasses.replace(scenario.clients, job=job))
+
+
+def run(scenario: Scenario) -> RunResult:
+    return run_scenario(scenario, lambda: load_policy("adaptive"), policy_name="adaptive", with_oracle=False)
+
+
+@pytest.fixture
+def built_jobs(monkeypatch: pytest.MonkeyPatch) -> list[SimJob]:
+    """The jobs each run builds, as the runner builds them."""
+    built: list[SimJob] = []
+    jobs_for = lab_run.jobs_for
+
+    def recording(*args: Any, **kwargs: Any) -> dict[int, SimJob]:
+        by_client = jobs_for(*args, **kwargs)
+        built.extend(job for job in dict.fromkeys(by_client.values()))
+        return by_client
+
+    monkeypatch.setattr(lab_run, "jobs_for", recording)
+    return built
+
+
+@pytest.fixture
+def engine_reads(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The simulated instant of every read of the fleet's metrics page."""
+    reads: list[float] = []
+    snapshot = Fleet.snapshot
+
+    def counted(self: Fleet) -> Any:
+        reads.append(self.env.now)
+        return snapshot(self)
+
+    monkeypatch.setattr(Fleet, "snapshot", counted)
+    return reads
+
+
+def test_the_bundled_job_is_multi_client_run_as_one_job() -> None:
+    job, independent = load_scenario("multi-client-job"), load_scenario("multi-client")
+    assert job.clients.job == "ingest"
+    assert job_groups(job.clients) == {"ingest": [0, 1, 2, 3]}
+    assert dataclasses.replace(job, name=independent.name, description=independent.description) == dataclasses.replace(
+        independent, clients=dataclasses.replace(independent.clients, job="ingest")
+    )
+
+
+def test_clients_of_one_job_share_its_target_fairly(built_jobs: list[SimJob]) -> None:
+    result = run(job_scenario())
+    assert len(built_jobs) == 1 and built_jobs[0].config.floor == 4 * 4  # the job's floor: its clients' summed
+    assert result.summary["jain_fairness"] >= 0.98
+    assert result.summary["goodput"] > 0
+
+
+def test_the_engine_is_read_once_per_poll_of_the_job(built_jobs: list[SimJob], engine_reads: list[float]) -> None:
+    run(job_scenario())
+    (job,) = built_jobs
+    assert job.polls > 10
+    assert len(engine_reads) == job.scrapes == job.polls
+    assert engine_reads == job.poll_times
+    independent_reads = len(engine_reads)
+    engine_reads.clear()
+    run(load_scenario("multi-client").scaled(0.2))
+    assert len(engine_reads) > 3 * independent_reads  # four clients, each reading the page at each of its polls
+
+
+def test_jobs_named_per_client_and_an_independent_client(built_jobs: list[SimJob], engine_reads: list[float]) -> None:
+    result = run(job_scenario(job=["a", "a", "b", ""]))
+    assert [(job.name, job.config.floor) for job in built_jobs] == [("a", 8), ("b", 4)]
+    independent = result.trace.clients[3].poll_times
+    assert len(engine_reads) == sum(job.polls for job in built_jobs) + len(independent)
+    assert all(c.completions[-1] > 0 for c in result.trace.clients)
+
+
+def test_grants_stay_within_the_target_plus_what_drains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every request or renewal the permits out (the sum of what the workers hold) are at most the target,
+    or what was out before the call when that was more: a cut drains as calls end, and no grant adds to it."""
+    checked: list[tuple[int, int]] = []
+
+    def checking(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(book: LeaseBook, *args: Any, **kwargs: Any) -> Any:
+            before = book.inflight() + kwargs.get("inflight", 0)  # calls a (re)joining worker already runs
+            grant = method(book, *args, **kwargs)
+            assert book.inflight() <= max(book.target, before)
+            checked.append((book.inflight(), book.target))
+            return grant
+
+        return call
+
+    monkeypatch.setattr(LeaseBook, "request", checking(LeaseBook.request))
+    monkeypatch.setattr(LeaseBook, "renew", checking(LeaseBook.renew))
+    books: list[LeaseBook] = []
+    set_target = LeaseBook.set_target
+
+    def noting(book: LeaseBook, *args: Any, **kwargs: Any) -> None:
+        books.append(book)
+        set_target(book, *args, **kwargs)
+
+    monkeypatch.setattr(LeaseBook, "set_target", noting)
+    run(job_scenario())
+    assert len(checked) > 100
+    assert max(target for _, target in checked) > 4 * 4  # the job grew past its floor
+    book = books[-1]
+    ledger = book.ledger()
+    assert ledger.granted == ledger.returned + ledger.expired + ledger.outstanding
+    assert ledger.expired == 0  # every worker renewed in time
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        (3, "clients.job = 3: must be a name"),
+        ("", 'clients.job = "": must be a name'),
+        (True, "clients.job = true: must be a name"),
+        (["a", "b"], "clients.job has 2 entries: one per client (count = 4)"),
+        (["a", "a", 1, "b"], 'clients.job = ["a", "a", 1, "b"]: must be a name'),
+    ],
+)
+def test_a_bad_job_is_refused_naming_the_key(job: object, expected: str) -> None:
+    with pytest.raises(ValueError) as error:
+        scenario_from_dict({"name": "x", "clients": {"count": 4, "job": job}})
+    assert expected in str(error.value)
+
+
+def test_the_command_line_refuses_a_bad_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\n[clients]\ncount = 2\njob = ["a"]\n')
+    assert main(["sim", str(path), "--no-oracle", "--quiet"]) == 2
+    assert "clients.job has 1 entries" in capsys.readouterr().err
