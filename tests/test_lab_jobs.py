@@ -152,3 +152,17 @@ def test_the_command_line_refuses_a_bad_job(tmp_path: Path, capsys: pytest.Captu
     path.write_text('name = "x"\n[clients]\ncount = 2\njob = ["a"]\n')
     assert main(["sim", str(path), "--no-oracle", "--quiet"]) == 2
     assert "clients.job has 1 entries" in capsys.readouterr().err
+
+
+def test_fleet_1000_jobs_is_fleet_1000_in_a_hundred_jobs_of_ten(
+    built_jobs: list[SimJob], engine_reads: list[float]
+) -> None:
+    jobs, fleet = load_scenario("fleet-1000-jobs"), load_scenario("fleet-1000")
+    assert list(job_groups(jobs.clients).values()) == [list(range(k, k + 10)) for k in range(0, 1000, 10)]
+    independent = dataclasses.replace(jobs.clients, job=None)
+    assert dataclasses.replace(jobs, name=fleet.name, description=fleet.description, clients=independent) == fleet
+    # A few simulated seconds of all 1,000 clients: a hundred jobs read the fleet, not a thousand clients.
+    trace = lab_run.simulate(dataclasses.replace(jobs, duration_s=4.0), policy_factory=lambda: load_policy("adaptive"))
+    assert len(trace.clients) == 1000 and trace.running[-1] > 0
+    assert len(built_jobs) == 100 and {job.config.floor for job in built_jobs} == {40}
+    assert len(engine_reads) == sum(job.polls for job in built_jobs) < 1000

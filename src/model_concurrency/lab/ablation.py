@@ -54,8 +54,8 @@ __all__ = [
 
 #: A bundled scenario counts as met at this share of its oracle's goodput.
 BUNDLED_GOOD = 0.97
-#: The bundled scenarios an ablation leaves out: ``fleet-1000`` simulates a thousand clients (minutes a run).
-BUNDLED_SKIP = frozenset({"fleet-1000"})
+#: The bundled scenarios an ablation leaves out: the ``fleet-1000`` pair simulates a thousand clients (minutes a run).
+BUNDLED_SKIP = frozenset({"fleet-1000", "fleet-1000-jobs"})
 
 
 @dataclass(frozen=True, slots=True)
