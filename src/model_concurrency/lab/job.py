@@ -97,7 +97,7 @@ class SimJob:
         env, settings = self.env, first.runtime.settings
         assert settings is not None  # a lab client's knobs are fixed
         lease_s = max(2 * settings.poll_s, MIN_LEASE_S)
-        book = self.book = LeaseBook(self.name, first.runtime.name, self.config, lease_s=lease_s)
+        book = self.book = LeaseBook(self.name, "model", self.config, lease_s=lease_s)  # the lab serves one model
         lock = threading.RLock()
         self._limits = _BookLimits(book, lock, lambda: env.now)
         self.runtime = ModelRuntime(

@@ -54,8 +54,7 @@ Shared engines: multi-client multi-client-32 fleet-1000
 Independent clients, each with its own controller and no coordinator, share the engines: fairness counts as much \
 as goodput.
 One job: multi-client-job fleet-1000-jobs
-The same clients as one job's workers (or a hundred jobs'): one runtime per job reads the engines and leases its \
-target to them.
+The same clients as jobs' workers: one runtime per job reads the engines and leases its target to them.
 Neighbours and interactive tenants: noisy-neighbor interactive-bursts interactive-bursts-2x
 Another tenant's traffic shares the engine: a burst to 70 % of capacity, or an interactive tenant beside batch jobs \
 with deadlines.
