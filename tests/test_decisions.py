@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from model_concurrency import get_utilization, register_model, resolve_capacity
 from model_concurrency.controller import ControllerCore
 from model_concurrency.decision import LIMITS
-from model_concurrency.observation import EngineSnapshot, Observation
+from model_concurrency.observation import EngineLimits, EngineSnapshot, Observation
 from servers import Behaviour, EngineState, metrics_server, vllm_page
 
 SERVED = "served"
@@ -43,6 +43,16 @@ def test_the_ceiling() -> None:
     assert (decision.target, decision.limited_by) == (64, "ceiling")
 
 
+STATED = EngineLimits(max_num_seqs=16)
+STATED_CASES = [
+    # The engines run every slot their operator stated, nothing queued: the stated limit holds it...
+    (Observation(running=16, inflight=16, inflight_peak=16, time=1.0, limits=STATED), "stated-limit"),
+    # ...a slot still free is the policy's own judgement, and a queue for capacity is saturation either way.
+    (Observation(running=15, inflight=16, inflight_peak=16, time=1.0, limits=STATED), "saturation"),
+    (Observation(running=16, waiting_capacity=2, inflight=16, inflight_peak=16, time=1.0, limits=STATED), "saturation"),
+]
+
+
 @pytest.mark.parametrize(
     ("obs", "limited_by"),
     [
@@ -50,6 +60,7 @@ def test_the_ceiling() -> None:
         (Observation(running=16, preemptions=2, inflight=16, inflight_peak=16, time=1.0), "saturation"),
         (Observation(running=6, inflight=5, inflight_peak=6, time=1.0), "app-limited"),
         (Observation(running=16, inflight=16, inflight_peak=16, time=1.0), "saturation"),  # the policy's own knee
+        *STATED_CASES,
     ],
 )
 def test_a_hold_or_a_cut_says_why(obs: Observation, limited_by: str) -> None:

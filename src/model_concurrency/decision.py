@@ -12,6 +12,9 @@ it is: the ``-v`` log line, ``get_utilization(...)["limited_by"]`` and ``["last_
   outage (the grace polls, then the guard's hand-over);
 * ``saturation``: the policy held or cut because the engine is full (requests waiting for capacity, preemptions,
   or the policy's own judgement of the knee: latency, queue time);
+* ``stated-limit``: the policy held or cut while the engines ran every sequence slot their operator or page
+  states (``Observation.limits.max_num_seqs``) with nothing waiting for capacity: more of our calls could only
+  queue;
 * ``app-limited``: this process did not fill the window it had (peak in flight below 0.8 × the target), so
   there was nothing to learn by growing;
 * ``throttled``: calls came back 429/503, and the target was cut to, or capped at, what the server allowed;
@@ -39,6 +42,7 @@ __all__ = [
     "MEANINGS",
     "NEVER_READ",
     "OFF",
+    "STATED",
     "Decision",
     "describe_observation",
     "explain_limit",
@@ -50,7 +54,8 @@ __all__ = [
 NEVER_READ = "metrics-never-read"
 OFF = "off"
 # New reasons go at the end: the exported gauge carries one label per reason, and dashboards key on them.
-LIMITS = ("ceiling", "guard", "saturation", "app-limited", "throttled", "floor", NEVER_READ, OFF)
+STATED = "stated-limit"
+LIMITS = ("ceiling", "guard", "saturation", "app-limited", "throttled", "floor", NEVER_READ, OFF, STATED)
 MEANINGS: dict[str, str] = {
     "ceiling": "the policy asked for at least the ceiling (MODEL_MAX_CONCURRENCY)",
     "guard": "the growth guard capped growth that bought no completions, or the target is held through a "
@@ -61,6 +66,7 @@ MEANINGS: dict[str, str] = {
     "floor": "the fail-safe: metrics lost and this process's own calls in trouble",
     NEVER_READ: "the metrics page has never answered a poll: the target stays at the floor until it does",
     OFF: "adaptive control is off (KG_ADAPTIVE_CONCURRENCY): pinned at the floor",
+    STATED: "the engines run every sequence slot they state (max_num_seqs): more calls could only queue",
 }
 # A window used below this share of the target at its fullest moment was not filled (policies/_common.app_limited).
 NEAR_FULL = 0.8
@@ -102,6 +108,9 @@ def limited_by_policy(obs: Observation, before: float) -> str:
         return "saturation"
     if obs.inflight_peak < NEAR_FULL * before:
         return "app-limited"
+    slots = obs.limits.max_num_seqs if obs.limits is not None else None
+    if slots is not None and obs.running >= slots:
+        return STATED
     return "saturation"
 
 
