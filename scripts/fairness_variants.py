@@ -1,129 +1,99 @@
-"""Fairness variants of the adaptive policy measured in docs/scale-out.md: Jain, saturated share, p99 queue
-time and goodput per seed, then the median. A measurement script, not a feature: each variant patches one rule
-of ``Adaptive`` in this process only.
+"""Fairness of the default policy's rules across seeds: the multi-client scenarios, each rule switched off in turn.
 
-    .venv/bin/python scripts/fairness_variants.py SCENARIO SCALE SEEDS VARIANT...
-    .venv/bin/python scripts/fairness_variants.py multi-client 1 61,62,63,64,65 base rate_alone
-    MODEL_CONCURRENCY_POLL_JITTER=0 .venv/bin/python scripts/fairness_variants.py multi-client 1 61,62,63,64,65 base
-    .venv/bin/python scripts/fairness_variants.py fleet-1000 0.25 1000 base fleet0.8_1
+``model-concurrency ablate`` judges each rule on the generator's draws and one seed of each bundled scenario; this
+runs the scenarios where clients share an engine (``multi-client``, ``multi-client-32``) on several seeds, so a
+rule's effect on fairness shows beside the spread between seeds. Each variant is the policy as shipped (``base``),
+one rule of its table switched off (``policies/rules.py``: the overrides ``ablate`` uses), or parameter overrides
+(``decrease_factor=0.8``, several joined by ``+``). Per variant and scenario: Jain's index, the saturated share,
+the p99 queue time and goodput against the oracle for every seed, then the median (and Jain's minimum).
 
-Variants: ``base`` (the policy as shipped), ``dfX`` (decrease_factor X), ``ssfX`` (sharing the engine, slow start
-x X a poll), ``sdfX`` (sharing, cut to X), ``shared_hold`` (the first ramp's admitting hold on a shared engine too),
-``rate_alone`` (the completion-rate exit of the first ramp only alone on the engine), ``fleetB_S`` (sharing an
-engine running over full_step_running: cut to B x the served share, increase_step S before the fleet scaling).
+    .venv/bin/python scripts/fairness_variants.py                                  # every rule, 5 seeds each
+    .venv/bin/python scripts/fairness_variants.py --variants base,probe,decrease_factor=0.8 --seeds 3
+    .venv/bin/python scripts/fairness_variants.py --scenarios multi-client --scale 0.1 --seeds 2 --variants base,probe
+
+The variants are written as presets under ``--out`` (default: a temporary folder), for ``sim --policy``.
 """
 
+from __future__ import annotations
+
+import argparse
 import dataclasses
 import statistics
-import sys
-from concurrent.futures import ProcessPoolExecutor
+import tempfile
+import tomllib
 from pathlib import Path
+from typing import Any
 
-import model_concurrency.policies.adaptive as ad
-from model_concurrency.lab.run import simulate
+from model_concurrency.lab.ablation import is_off, rules_for, write_variant
+from model_concurrency.lab.compare import run_study
 from model_concurrency.lab.scenario import load_scenario
-from model_concurrency.lab.summary import summarize
+
+FIGURES = ("jain_fairness", "saturated_fraction", "queue_time_p99_s", "goodput_ratio")
 
 
-def override_when_shared(values, big_fleet=False):
-    """Patch ``Adaptive._requests`` to run with ``values`` set on polls that share the engine (and, with
-    ``big_fleet``, an engine running over ``full_step_running``), restoring the parameters after each poll."""
-    from model_concurrency.policies._common import own_share
-
-    orig = ad.Adaptive._requests
-
-    def _requests(self, target, obs):
-        shared = obs.inflight > 0 and own_share(obs) < self.jump_share
-        if not shared or (big_fleet and obs.running <= self.full_step_running):
-            return orig(self, target, obs)
-        keep = {name: getattr(self, name) for name in values}
-        for name, value in values.items():
-            setattr(self, name, value)
-        try:
-            return orig(self, target, obs)
-        finally:
-            for name, value in keep.items():
-                setattr(self, name, value)
-
-    ad.Adaptive._requests = _requests
+def overrides_of(variant: str, policy: str) -> dict[str, Any]:
+    """``base``: none; a rule's name: the overrides that switch it off; ``k=v+k=v``: those parameters."""
+    if variant == "base":
+        return {}
+    if "=" in variant:
+        return tomllib.loads("\n".join(variant.split("+")))
+    rules, _ = rules_for(policy, [variant])
+    return dict(rules[0].off)
 
 
-def make(variant):
-    if variant == "shared_hold":
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default="multi-client,multi-client-32")
+    parser.add_argument("--seeds", type=int, default=5, help="the scenario's own seed and the next N-1")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply durations by this (0-1]")
+    parser.add_argument("--policy", default="adaptive")
+    parser.add_argument("--variants", default="all", help="base, rule names, k=v overrides; all: base + every rule")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the variants' presets")
+    args = parser.parse_args(argv)
 
-        def admitting(self, obs):
-            load = self.startup_load
-            if not self.ramping or load is None or self.held:
-                return False
-            self.held = True
-            self.startup_load = (float(obs.inflight), obs.running)
-            grew = obs.inflight - load[0]
-            return grew > 0 and obs.running - load[1] >= 0.5 * grew
+    rules, params = rules_for(args.policy)
+    names = ["base", *(r.name for r in rules)] if args.variants == "all" else args.variants.split(",")
+    out = args.out or Path(tempfile.mkdtemp(prefix="fairness-"))
+    refs: dict[str, str] = {}
+    table = {r.name: r for r in rules}
+    for name in names:
+        if name in table and is_off(table[name], params):
+            print(f"{name}: already off in {args.policy}, skipped")
+            continue
+        label = f"without-{name}" if name in table else name.replace("=", "-").replace("+", "_")
+        refs[name] = str(write_variant(out, args.policy, label, overrides_of(name, args.policy)))
 
-        ad.Adaptive._admitting = admitting
-    if variant.startswith("df"):
-        import functools
+    scenarios = []
+    for scenario_name in args.scenarios.split(","):
+        base = load_scenario(scenario_name)
+        for seed in range(base.seed, base.seed + args.seeds):
+            scenario = dataclasses.replace(base, name=f"{base.name}@{seed}", seed=seed)
+            scenarios.append(scenario.scaled(args.scale) if args.scale < 1 else scenario)
+    study = run_study(scenarios, list(refs.values()), jobs=args.jobs)
+    by_ref = {ref: name for name, ref in refs.items()}
 
-        return functools.partial(ad.Adaptive, decrease_factor=float(variant[2:]))
-    if variant == "rate_alone":
-        from model_concurrency.policies._common import own_share
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in study.rows:
+        if "unscored" in row:
+            print(f"{row['scenario']}: unscored ({row['unscored']})")
+            continue
+        scenario_name, seed = row["scenario"].rsplit("@", 1)
+        variant = by_ref[row["policy"]]
+        rows.setdefault((variant, scenario_name), []).append(row)
+        print(f"{variant} {scenario_name} seed {seed}: " + ", ".join(f"{k} {row[k]:.3f}" for k in FIGURES), flush=True)
 
-        def _startup(self, target, obs, rate):
-            previous, self.startup_rate = self.startup_rate, rate
-            load, self.startup_load = self.startup_load, (float(obs.inflight), obs.running)
-            alone = own_share(obs) >= self.jump_share
-            if (
-                alone
-                and previous is not None
-                and rate is not None
-                and previous > 0
-                and rate < self.startup_exit * previous
-            ):
-                self.w_max, self.w_max_time, self.probes = target, obs.time, 0
-                self.startup_rate = self.startup_load = None
-                return target + self.increase_step
-            if self.engine_full_exit and load is not None:
-                grew = obs.inflight - load[0]
-                if grew > 0 and obs.running - load[1] < 0.5 * grew:
-                    before = max(target / self.slow_start_factor, target - grew + max(0.0, obs.running - load[1]))
-                    self.w_max, self.w_max_time, self.probes = before, obs.time, 0
-                    self.startup_rate = self.startup_load = None
-                    return before + self.increase_step
-            return max(target * self.slow_start_factor, target + self.increase_step)
-
-        ad.Adaptive._startup = _startup
-    if variant.startswith("fleet"):  # fleetB_S: on a shared engine running > full_step_running: cut B, step S
-        b, st = (float(x) for x in variant[5:].split("_"))
-        override_when_shared({"decrease_factor": b, "increase_step": st}, big_fleet=True)
-    if variant.startswith("ssf"):  # shared-only slow start factor (monkeypatched)
-        override_when_shared({"slow_start_factor": float(variant[3:])})
-    if variant.startswith("sdf"):  # shared-only decrease factor (monkeypatched)
-        override_when_shared({"decrease_factor": float(variant[3:])})
-    return ad.Adaptive
-
-
-def one(args):
-    name, scale, seed, variant = args
-    cls = make(variant)
-    sc = load_scenario(Path("sims") / f"{name}.toml")
-    sc = dataclasses.replace(sc, seed=seed)
-    if scale < 1:
-        sc = sc.scaled(scale)
-    s = summarize(simulate(sc, policy_factory=cls))
-    return seed, variant, s["jain_fairness"], s["saturated_fraction"], s["queue_time_p99_s"], s["goodput"]
+    print("\n| variant | scenario | Jain median | Jain min | saturated | p99 queue s | goodput ÷ oracle |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for (variant, scenario_name), group in rows.items():
+        med = {k: statistics.median(r[k] for r in group) for k in FIGURES}
+        worst = min(r["jain_fairness"] for r in group)
+        print(
+            f"| {variant} | {scenario_name} | {med['jain_fairness']:.3f} | {worst:.3f} | "
+            f"{med['saturated_fraction']:.3f} | {med['queue_time_p99_s']:.3f} | {med['goodput_ratio']:.3f} |"
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    name, scale, seeds = sys.argv[1], float(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")]
-    variants = sys.argv[4:]
-    jobs = [(name, scale, s, v) for v in variants for s in seeds]
-    with ProcessPoolExecutor(2) as ex:
-        res = list(ex.map(one, jobs))
-    for v in variants:
-        rows = [r for r in res if r[1] == v]
-        for r in rows:
-            print(name, v, f"seed {r[0]} jain {r[2]:.3f} sat {r[3]:.3f} p99 {r[4]:.3f} goodput {r[5]:.1f}")
-        jain = statistics.median(r[2] for r in rows)
-        worst = min(r[2] for r in rows)
-        sat = statistics.median(r[3] for r in rows)
-        print(name, v, f"MEDIAN jain {jain:.3f} min {worst:.3f} sat {sat:.3f}", flush=True)
+    raise SystemExit(main())

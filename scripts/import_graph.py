@@ -7,7 +7,7 @@ reads the submodule, not the package.
 
     python scripts/import_graph.py          # prints circles and back arrows; exit 1 if there are any
 
-tests/test_layering.py runs the same functions, so the counts in the house issue are checked on every change.
+tests/test_layering.py runs the same functions, so every change is checked for both.
 """
 
 from __future__ import annotations

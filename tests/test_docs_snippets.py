@@ -1,5 +1,5 @@
-"""The docs a new user follows run as written (issue 27 item 5): the Ray snippet of docs/your-vllm.md, pasted into a
-file and run against the emulator, and a README that lists every document."""
+"""The docs a new user follows run as written: the Ray snippet of docs/your-vllm.md, pasted into a file and run
+against the emulator, and a README that lists every document."""
 
 from __future__ import annotations
 
