@@ -49,6 +49,17 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap is None
 
 
+def test_the_cap_holds_while_the_policy_sits_at_it() -> None:
+    guard = GrowthGuard()
+    guard.bound(8, 16, interval(0, 8, 100, 0.08))
+    guard.bound(8, 16, interval(10, 8, 100, 0.08))
+    assert guard.bound(16, 32, interval(20, 16, 101, 0.16)) == 8
+    # The policy took the cap as its target and holds there: the cap stays, so its next probe cannot double past it.
+    assert guard.bound(8, 8, interval(30, 8, 100, 0.08)) == 8
+    assert guard.cap == 8
+    assert guard.bound(8, 16, interval(40, 8, 100, 0.08)) == pytest.approx(8.8)
+
+
 def grown(knee: float, grew_to: float, rate: float, running: tuple[float, float]) -> GrowthGuard:
     """A guard that saw two polls at ``knee`` in flight and then ``grew_to`` at the same completion rate, latency
     rising with concurrency (Little's law), while the engine's ``running`` went from ``running[0]`` to ``[1]``. Each
@@ -120,19 +131,19 @@ def test_the_front_end_cap_waits_for_growth_well_past_it() -> None:
 
 def test_polls_shorter_than_a_call_add_up_to_one_sample() -> None:
     guard = GrowthGuard()
-    guard.bound(50, 50, interval(0, 50, 100, 0.5, seconds=0.1))
-    # 0.1 s polls of calls that take 0.5 s: each holds 10 completions, which started at whatever load came before.
+    guard.bound(100, 100, interval(0, 100, 100, 1.0, seconds=0.1))
+    # 0.1 s polls of calls that take 1 s: each holds 10 completions, which started at whatever load came before.
     for i in range(1, 5):
-        guard.bound(50, 50, interval(0.1 * i, 50, 100, 0.5, seconds=0.1))
-    assert not guard.samples  # 40 completions over 0.4 s: shorter than a call
-    guard.bound(50, 50, interval(0.5, 50, 100, 0.5, seconds=0.1))
-    assert [(s.concurrency, s.rate, s.latency) for s in guard.samples] == [pytest.approx((50, 100, 0.5))]
-    # A poll at another load (more than ``steady`` away) starts a new span: the old one's polls are not blended in.
+        guard.bound(100, 100, interval(0.1 * i, 100, 100, 1.0, seconds=0.1))
+    assert not guard.samples  # 40 completions over 0.4 s: shorter than half a call
+    guard.bound(100, 100, interval(0.5, 100, 100, 1.0, seconds=0.1))
+    assert [(s.concurrency, s.rate, s.latency) for s in guard.samples] == [pytest.approx((100, 100, 1.0))]
+    # A poll at another load (beyond 1.25 x the span's mean) starts a new span: the old one's polls are not blended.
     for i in range(6, 10):
-        guard.bound(50, 50, interval(0.1 * i, 50, 100, 0.5, seconds=0.1))
+        guard.bound(100, 100, interval(0.1 * i, 100, 100, 1.0, seconds=0.1))
     for i in range(10, 16):
-        guard.bound(200, 200, interval(0.1 * i, 200, 400, 0.5, seconds=0.1))
-    assert [s.concurrency for s in guard.samples] == pytest.approx([50, 200])
+        guard.bound(400, 400, interval(0.1 * i, 400, 400, 1.0, seconds=0.1))
+    assert [s.concurrency for s in guard.samples] == pytest.approx([100, 400])
 
 
 def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
