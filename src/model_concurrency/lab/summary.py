@@ -30,7 +30,11 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
   ramp may overshoot once, by design; after it a client that knows the KV cache should never make the engine
   evict and recompute a request.
 * ``client_goodput_p5`` / ``_p50`` / ``_p95``: percentiles of the per-client goodputs (items/s over the run): with
-  hundreds of clients, the spread Jain's single number hides (who starves, who hogs).
+  hundreds of clients, the spread Jain's single number hides (who starves, who hogs);
+* ``first_ramp_overshoot``: the highest summed target of the first ramp (from t = 0 until the summed target first
+  falls, within the first phase) over the oracle's highest summed target in that phase, its knee: above 1 the
+  ramp drove the engines past what they can take, the overshoot a stated limit exists to prevent. None without an
+  oracle.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ SUMMARY_KEYS = (
     "client_goodput_p5",
     "client_goodput_p50",
     "client_goodput_p95",
+    "first_ramp_overshoot",
 )
 
 AFTER_S = 60.0
@@ -123,6 +128,20 @@ def oscillation(trace: Trace) -> float:
     target = np.sum([c.target for c in trace.clients], axis=0)[mask]
     mean = float(target.mean())
     return float(target.std() / mean) if mean > 0 else 0.0
+
+
+def first_ramp_overshoot(trace: Trace, oracle: Trace | None) -> float | None:
+    """See the module docstring. Trace samples every ``trace_dt_s``: a peak between two samples is not seen."""
+    if oracle is None or not trace.clients or not oracle.clients or not len(trace.time):
+        return None
+    end = trace.capacity_changes[0] if trace.capacity_changes else trace.duration_s
+    total = np.sum([c.target for c in trace.clients], axis=0)[trace.time < end]
+    knee = np.sum([c.target for c in oracle.clients], axis=0)[oracle.time < end]
+    if not len(total) or not len(knee) or knee.max() <= 0:
+        return None
+    falls = np.flatnonzero(np.diff(total) < 0)
+    ramp = total[: falls[0] + 1] if len(falls) else total
+    return float(ramp.max() / knee.max())
 
 
 def _throttling(trace: Trace) -> dict[str, float | None]:
@@ -187,5 +206,6 @@ def summarize(trace: Trace, oracle: Trace | None = None, oracle_final_rate: floa
         "client_goodput_p5": _percentile(np.asarray(per_client), 5),
         "client_goodput_p50": _percentile(np.asarray(per_client), 50),
         "client_goodput_p95": _percentile(np.asarray(per_client), 95),
+        "first_ramp_overshoot": first_ramp_overshoot(trace, oracle),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
