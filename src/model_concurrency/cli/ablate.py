@@ -47,7 +47,8 @@ def _seeds(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from model_concurrency.cli._output import run_counter
-    from model_concurrency.lab.ablation import ablation_line, rules_for, run_ablation
+    from model_concurrency.lab.ablation import BUNDLED_SKIP, ablation_line, rules_for, run_ablation
+    from model_concurrency.lab.scenario import bundled_scenarios
 
     seeds = _seeds(args.seeds)
     if args.jobs is not None and args.jobs < 1:
@@ -56,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--scale must be in (0, 1]")
     names = None if args.rules.strip() == "all" else [r.strip() for r in args.rules.split(",") if r.strip()]
     chosen, _ = rules_for(args.policy, names)
-    per_round = (len(chosen) + 1) * (len(seeds) * args.n + (16 if args.bundled else 0))
+    bundled = len(set(bundled_scenarios()) - set(BUNDLED_SKIP)) if args.bundled else 0
+    per_round = (len(chosen) + 1) * (len(seeds) * args.n + bundled)
     with run_counter(per_round * args.rounds, "ablate", enabled=not args.quiet) as progress:
         result = run_ablation(
             args.policy,
