@@ -44,15 +44,21 @@ def test_guard_caps_growth_that_bought_no_completions_at_the_knee() -> None:
     assert guard.cap == 8 and guard.fired == 1
     # The cap then rises by 10 % a poll while the policy still wants more...
     assert guard.bound(8, 16, interval(30, 8, 100, 0.08)) == 8.8
-    # ...and is dropped once the policy proposes no more than it.
+    # ...and is dropped once the policy is below it on its own.
     assert guard.bound(8, 8, interval(40, 8.8, 100, 0.088)) == 8
     assert guard.cap is None
 
 
-def test_the_cap_holds_while_the_policy_sits_at_it() -> None:
+def two_polls_at_8() -> GrowthGuard:
+    """A guard that saw 8 calls in flight finish 100 a second at 0.08 s, twice: a knee to judge growth from."""
     guard = GrowthGuard()
     guard.bound(8, 16, interval(0, 8, 100, 0.08))
     guard.bound(8, 16, interval(10, 8, 100, 0.08))
+    return guard
+
+
+def test_the_cap_holds_while_the_policy_sits_at_it() -> None:
+    guard = two_polls_at_8()
     assert guard.bound(16, 32, interval(20, 16, 101, 0.16)) == 8
     # The policy took the cap as its target and holds there: the cap stays, so its next probe cannot double past it.
     assert guard.bound(8, 8, interval(30, 8, 100, 0.08)) == 8
@@ -157,9 +163,7 @@ def test_guard_ignores_an_interval_that_breaks_littles_law() -> None:
 
 
 def test_guard_lets_growth_that_buys_completions_through() -> None:
-    guard = GrowthGuard()
-    guard.bound(8, 16, interval(0, 8, 100, 0.08))
-    guard.bound(8, 16, interval(10, 8, 100, 0.08))
+    guard = two_polls_at_8()
     # Twice the concurrency, 60 % more completions, latency up 25 %: a batching engine below its knee.
     assert guard.bound(16, 32, interval(20, 16, 160, 0.1)) == 32
     # Growth with flat completions but flat latency too (the application, not the server): no cap either.
