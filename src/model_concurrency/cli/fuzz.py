@@ -3,6 +3,10 @@
 Writes DIR/fuzz.csv (one row per draw × policy), DIR/scenarios/*.toml (each draw, re-run with ``sim``) and
 DIR/worst.md (the default policy's worst draws); prints that table, then one line per policy, the default's last:
 ``fuzz: policy NAME, n N, goodput median M p10 P min X, p99<=2x F%, jain>=0.9 J% of multi-client``.
+
+``--as-job`` runs the same draws with each draw's clients as one job's workers (one runtime leases its target to
+them, lab/job.py), to set the coordinated rule beside independent clients draw for draw; fuzz.csv then has a
+``job`` column.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="the draw's seed (the same seed draws the same scenarios)")
     add_study_arguments(p, DEFAULT_POLICIES)
     p.add_argument("--out", type=Path, default=Path("out/fuzz"), help="folder for the table and the scenarios")
+    p.add_argument(
+        "--as-job",
+        action="store_true",
+        help="run each draw with all its clients in one job (the same draws; fuzz.csv gets a job column)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -50,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs or os.cpu_count(),
             default_policy=default,
             progress=progress,
+            as_job=args.as_job,
         )
     judged = default if default in policies else policies[0]
     for path in result.written:

@@ -12,6 +12,11 @@ policy (and each draw's oracle once) through the comparison study's machinery (:
 * ``DIR/scenarios/*.toml``: every draw as run (``--scale`` already applied to its durations and event times);
 * ``DIR/worst.md``: the draws where the default policy did worst against the oracle.
 
+With ``as_job`` (``fuzz --as-job``) every draw runs with all its clients as one job's workers (``[clients] job``,
+lab/job.py): the same draws from the same streams, only ``clients.job`` set after drawing, so the two tables
+compare the coordinated rule with independent clients draw for draw, and the oracles (whose cache key leaves the
+job out) are the same ones. Its fuzz.csv has a ``job`` column; without it the outputs are as they always were.
+
 What is drawn: every engine preset; 1–4 engines and 1–3 replicas; ``max_num_seqs`` 16–512; prompts 32–4,000 tokens
 and outputs 0–1,000 (0: the embedding preset), lognormal spreads up to 1.2, a heavy tail of long documents,
 embeddings; 1–16 clients with floors 1–32, ceilings and polls of 5–60 s; events: engines added or removed, a replica
@@ -36,7 +41,9 @@ from model_concurrency.lab.scenario import Scenario, scenario_from_dict
 
 __all__ = [
     "DRAW_COLUMNS",
+    "JOB_NAME",
     "FuzzResult",
+    "as_one_job",
     "draw_scenario",
     "fuzz_line",
     "queue_ok",
@@ -105,6 +112,8 @@ DRAW_COLUMNS = (
     "stated_limits",
 )
 FUZZ_COLUMNS = (*COLUMNS, *DRAW_COLUMNS)
+#: The job every client of a draw joins under ``as_job``.
+JOB_NAME = "fuzz"
 #: The worst draws' table: the figures that make a draw bad, then the draw's parameters that explain it most often
 #: (what ran on which engines, how long its prompts were, how many clients polled how fast).
 _WORST_DRAW = {"output_sigma", "long_prompt_tokens", "ceiling", "duration_s", "rate_limit_rpm"}
@@ -282,6 +291,14 @@ def _draw(
     return data
 
 
+def as_one_job(data: dict[str, Any], name: str = JOB_NAME) -> dict[str, Any]:
+    """A drawn scenario's tables with all its clients in one job ``name``, and nothing else changed.
+
+    Set after the draw rather than drawn, so the draw (and every stream it reads) is the one the independent
+    clients ran: a difference between the two runs is the job's rule alone."""
+    return {**data, "clients": {**data["clients"], "job": name}}
+
+
 def draw_scenario(seed: int, index: int, scale: float = 1.0) -> Scenario:
     """Draw ``index`` of ``seed``: a checked :class:`Scenario`, the same one its TOML file loads to."""
     return scenario_from_dict(draw_dict(seed, index, scale))
@@ -405,12 +422,18 @@ def run_fuzz(
     jobs: int | None = None,
     default_policy: str = "adaptive",
     progress: Callable[[str], None] | None = None,
+    as_job: bool = False,
 ) -> FuzzResult:
-    """Draw ``n`` scenarios from ``seed``, run each with every policy and its oracle, write the table and files."""
+    """Draw ``n`` scenarios from ``seed``, run each with every policy and its oracle, write the table and files.
+
+    ``as_job``: every draw's clients run as one job (:func:`as_one_job`); the scenario files are the draws as run
+    (with ``job``), and fuzz.csv gains a ``job`` column, only then, so a run without it writes what it always did."""
     if n < 1:
         raise ValueError("n must be >= 1")
     out = Path(out)
     drawn = [draw_dict(seed, i, scale) for i in range(n)]
+    if as_job:
+        drawn = [as_one_job(d) for d in drawn]
     folder = out / "scenarios"
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -421,7 +444,10 @@ def run_fuzz(
     study = run_study(scenarios, policies, jobs=jobs, progress=progress)
     params = {d["name"]: draw_columns(d) for d in drawn}
     rows = [{**row, **params[row["scenario"]]} for row in study.rows]
-    written.append(write_csv(rows, out / "fuzz.csv", FUZZ_COLUMNS))
+    if as_job:
+        in_job = {d["name"]: bool(d["clients"].get("job")) for d in drawn}
+        rows = [{**row, "job": in_job[row["scenario"]]} for row in rows]
+    written.append(write_csv(rows, out / "fuzz.csv", (*FUZZ_COLUMNS, "job") if as_job else FUZZ_COLUMNS))
     judged = default_policy if default_policy in policies else policies[0]
     worst = worst_rows(rows, judged)
     written.append(write_markdown(worst, out / "worst.md", WORST_COLUMNS))
