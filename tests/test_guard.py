@@ -119,9 +119,10 @@ def test_a_ramp_past_a_front_end_bottleneck_is_capped_at_twice_the_bandwidth_del
     # lowest latency. The cap: 2 x the best rate x the lowest latency, the concurrency that rate needs unloaded.
     guard = ramp_past_the_front_end(running=8, waiting=0)
     assert guard.cap == pytest.approx(2 * 604 * 0.051) and guard.fired == 1
-    # Half or more of our calls in the engine (running or queued there): the engine's queue is the policy's to
-    # read, and growth that reached the engine is not judged here.
-    assert ramp_past_the_front_end(running=8, waiting=117).fired == 0
+    # A quarter or more of our calls in the engine (running or queued there; a pooling engine's next batch is on
+    # the wire between its steps): the engine's queue is the policy's to read.
+    assert ramp_past_the_front_end(running=8, waiting=55).fired == 0
+    assert ramp_past_the_front_end(running=8, waiting=54).fired == 1
     # No engine signals at all (a hosted endpoint): nothing says where the calls wait, so no cap.
     assert ramp_past_the_front_end(running=0, waiting=0).fired == 0
 

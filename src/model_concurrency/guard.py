@@ -20,7 +20,7 @@ hosted endpoint gives, so it works whatever signal source feeds the policy:
 * a ramp that jumps (the first ramp multiplies the target by up to eight a poll) can leave no sample between a
   concurrency that was too low and one far past the knee, and then the lowest sample on the plateau is the current
   one. So, when most of our calls sit in front of the engine (its ``running`` + ``waiting`` under
-  ``reached_share`` × our concurrency: a front end, gateway or network holds the rest) and latency rose
+  :data:`FRONT_END_SHARE` of our concurrency: a front end, gateway or network holds the rest) and latency rose
   ``latency_rise`` × the lowest sampled, the cap is also set at ``front_end_gain`` × the best rate × that lowest
   latency: the concurrency the best rate needs at an unloaded call's latency (the bandwidth-delay product, twice
   it as TCP BBR's window), once the current sample runs ``over_knee`` × that or more. The knee rule then has
@@ -49,7 +49,12 @@ from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
 
-__all__ = ["GrowthGuard", "Sample"]
+__all__ = ["FRONT_END_SHARE", "GrowthGuard", "Sample"]
+
+# "Most of our calls wait in front of the engine": fewer than this share of them in its ``running`` + ``waiting``.
+# A quarter, not a half: a one-step (pooling) engine's second batch is on the wire between steps, so half our calls
+# can be outside its gauges with nothing in front of it (``embed-batch``: 57 of 117 while the engine pipelines).
+FRONT_END_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +269,7 @@ class GrowthGuard:
         module docstring), else None. Without engine signals (``running`` and ``waiting`` read 0) it never fires:
         a hosted endpoint's calls may all be in its engine, and nothing here could tell."""
         at_engine = sample.running + sample.waiting
-        if not 0 < at_engine < self.reached_share * sample.concurrency or len(self.samples) < 2:
+        if not 0 < at_engine < FRONT_END_SHARE * sample.concurrency or len(self.samples) < 2:
             return None
         base = min(s.latency for s in self.samples)
         if sample.latency < self.latency_rise * base:
