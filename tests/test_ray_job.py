@@ -3,14 +3,17 @@
 The workers are real Ray actors (and a Ray Data pool); the coordinator is the real named actor they create; the
 engine is the emulator on 127.0.0.1 and the pages are real loopback servers, one of them counting its scrapes. Items
 that must stay in flight while the test looks at the leases wait on a loopback "gate" server that answers only when
-the test opens it, so what the test reads does not depend on how fast the machine runs.
+the test opens it, so what the test reads does not depend on how fast the machine runs. A slow coordinator is the
+real one with every lease call answered late (a test-only subclass registered under the job's name first).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,15 +25,20 @@ import ray.data
 from ray import cloudpickle
 
 from model_concurrency import get_utilization
+from model_concurrency.config import get_model
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_thread
-from model_concurrency.lease import LeaseConfigError
+from model_concurrency.lease import Grant, LeaseConfigError
 from model_concurrency.ray import NAMESPACE, FanOut, MapBatches, coordinator_name, fan_out_actor
-from model_concurrency.runtime import LeaseView, ModelRuntime
+from model_concurrency.ray_coordinator import JobCoordinator, lease_config_for
 from servers import Behaviour, EngineState, MetricsServer, metrics_server, vllm_page
 from test_ray import local_ray
 
 FLOOR = 4
 POLL_S = 1.0  # a lease of 2 s: renewals (every 1 s) never miss one on a loaded machine
+# The slow coordinator answers every lease call this late. Its job polls every SLOW_POLL_S (a lease of 4 s): with one
+# call to the coordinator at a time, a grant can outlast its renewal only while the round trip is under half the lease.
+DELAY_S = 1.0
+SLOW_POLL_S = 2.0
 VIEW = ("job", "grant", "job_target", "lease_lapsed", "last_poll", "floor")
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -57,6 +65,12 @@ def gate() -> Iterator[MetricsServer]:
 
 def open_gate(server: MetricsServer) -> None:
     server.server.stop_event.set()  # every waiting request answers; new ones answer at once
+
+
+def settings(poll_s: float = POLL_S, **env: str) -> dict[str, Any]:
+    """A ``runtime_env`` for workers (and the coordinator the first of them creates) with these settings; the
+    cluster's own are repeated, so the result does not depend on how Ray merges the two."""
+    return {"env_vars": {"MODEL_CONCURRENCY_POLL_S": str(poll_s), "MODEL_CONCURRENCY_PROMETHEUS_URL": "", **env}}
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,15 @@ def wait_for(check: Callable[[], Any], what: str, within_s: float = 90.0) -> Any
         if time.monotonic() > deadline:
             raise AssertionError(f"never: {what}")
         time.sleep(0.1)
+
+
+def job_state(job: str) -> dict[str, Any]:
+    return ray.get(coordinator(job).state.remote(), timeout=30)  # type: ignore[no-any-return]
+
+
+def state_when(job: str, ok: Callable[[dict[str, Any]], bool]) -> Callable[[], Any]:
+    """A check for :func:`wait_for`: the job's coordinator state once ``ok`` holds of it."""
+    return lambda: state if ok(state := job_state(job)) else None
 
 
 def end(job: str, actors: list[Any]) -> None:
@@ -182,8 +205,8 @@ def test_workers_share_the_target_and_a_killed_workers_permits_come_back(
     # Equal demand (30 items each, all waiting): equal shares, the whole target split.
     assert sum(shares.values()) == min(state["target"], 60)
     assert max(shares.values()) - min(shares.values()) <= 1
-    # No worker runs more than it holds (a worker granted nothing still runs one call: its limiter's least).
-    assert arrived <= sum(max(1, h) for h in held.values())
+    # No worker runs more than it holds (one granted nothing runs nothing).
+    assert arrived <= sum(held.values())
     assert state["inflight"] == sum(held.values())
 
     # The worker that holds the most permits runs that many calls once its limiter has started them (calls wait at
@@ -245,14 +268,95 @@ def test_a_worker_with_another_floor_is_refused(ray_cluster: None, emulator: Run
     end(job, [first, second, independent])
 
 
-def test_a_lease_sets_the_workers_limits_and_its_published_state() -> None:
-    """The worker's runtime under a grant (no Ray needed): the grant is the limit, a grant of no tokens still lets
-    one weighted call through (the limiter's least budget), and the published state says whose lease it is."""
-    runtime = ModelRuntime(None, name="leased")
-    assert runtime.lease(LeaseView("j", 3, tokens=0, job_target=6)) == 3
-    assert (runtime.limiter.limit, runtime.current_budget(), runtime.leased()) == (3, 1, True)
-    state = runtime.state()
-    assert (state.job, state.grant, state.job_target, state.lease_lapsed, state.current_target) == ("j", 3, 6, False, 3)
-    runtime.lease(LeaseView("j", None, job_target=6), start=5)  # lapsed: the runtime decides alone again
-    state = runtime.state()
-    assert (runtime.leased(), state.grant, state.lease_lapsed, runtime.current_budget()) == (False, None, True, None)
+def test_a_worker_granted_nothing_starts_nothing_until_it_has_a_share(
+    ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
+) -> None:
+    """The job's target is 4 (its floor and ceiling). The first worker holds all 4 with its calls at the gate; the
+    second is granted 0, its share still held by the first: it must start nothing, not the one call its limiter's
+    least would let through, and must still finish once the first hands permits back."""
+    job = "starved"
+    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    actor_class = fan_out_actor(num_cpus=0.25, runtime_env=settings(MODEL_MAX_CONCURRENCY=str(FLOOR)))
+    first = actor_class.remote(fan_out)
+    refs = [first.map.remote(items(8, "a"))]
+    wait_for(lambda: len(gate.requests) == FLOOR, "the first worker runs the whole target")
+    second = actor_class.remote(fan_out)
+    refs.append(second.map.remote(items(8, "b")))
+    state = wait_for(state_with(job, 2), "the second worker holds a lease")
+    assert sorted(state["shares"].values()) == [2, 2] and sorted(state["held"].values()) == [0, FLOOR]
+    polls = state["polls"]
+    wait_for(state_when(job, lambda s: s["polls"] >= polls + 2), "two more polls")  # time for a call to reach the gate
+    assert len(gate.requests) == FLOOR  # the job stays at its target
+    open_gate(gate)
+    results = ray.get(refs, timeout=120)
+    ledger = job_state(job)["ledger"]
+    end(job, [first, second])
+    for tag, result in zip("ab", results, strict=True):
+        check_items(items(8, tag), result, job)
+    assert ledger.granted == ledger.returned + ledger.expired + ledger.outstanding
+
+
+class SlowCoordinator(JobCoordinator):
+    """The real coordinator, built as a job's first worker builds it, answering every lease call DELAY_S late (a
+    loaded or distant coordinator); it counts the renewals it answered, per worker."""
+
+    def __init__(self, job: str, fan_out: FanOut) -> None:
+        fan_out.configure()
+        spec = get_model(fan_out.model)
+        assert spec is not None
+        super().__init__(job, fan_out, lease_config_for(spec))
+        self.renewed: Counter[str] = Counter()
+        self.counting = threading.Lock()
+
+    def request(self, *args: Any, **kwargs: Any) -> Grant:
+        time.sleep(DELAY_S)
+        return super().request(*args, **kwargs)
+
+    def renew(self, worker: str, *args: Any, **kwargs: Any) -> Grant:
+        time.sleep(DELAY_S)
+        grant = super().renew(worker, *args, **kwargs)
+        with self.counting:
+            self.renewed[worker] += 1
+        return grant
+
+    def leave(self, *args: Any, **kwargs: Any) -> int:
+        time.sleep(DELAY_S)
+        return super().leave(*args, **kwargs)
+
+    def renewals(self) -> dict[str, int]:
+        with self.counting:
+            return dict(self.renewed)
+
+
+def test_a_slow_coordinator_costs_throughput_never_an_item_or_a_permit(
+    ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
+) -> None:
+    job = "slow"
+    env = settings(SLOW_POLL_S)
+    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    # Registered under the job's name before any worker asks: the workers find it as they would their own.
+    named = {"name": coordinator_name(job, "bge"), "namespace": NAMESPACE, "lifetime": "detached"}
+    slow = ray.remote(SlowCoordinator).options(**named, num_cpus=0, max_concurrency=16, runtime_env=env)
+    slow = slow.remote(job, fan_out)
+    ray.get(slow.__ray_ready__.remote(), timeout=120)
+    actor_class = fan_out_actor(num_cpus=0.25, runtime_env=env)
+    actors = [actor_class.remote(fan_out) for _ in range(2)]
+    chunks = [items(12, "a"), items(12, "b")]
+    refs = [actor.map.remote(chunk) for actor, chunk in zip(actors, chunks, strict=True)]
+
+    def renewed() -> dict[str, int] | None:
+        counts: dict[str, int] = ray.get(slow.renewals.remote(), timeout=30)
+        return counts if len(counts) == 2 and min(counts.values()) >= 3 else None
+
+    wait_for(renewed, "each worker renewed three times while its calls waited at the gate")
+    open_gate(gate)
+    results = ray.get(refs, timeout=120)
+    # Their items done, the workers hand everything back at their next renewals.
+    state = wait_for(state_when(job, lambda s: s["inflight"] == 0), "every permit handed back")
+    end(job, actors)
+    for chunk, result in zip(chunks, results, strict=True):
+        check_items(chunk, result, job)
+    # No worker ran on its own: no grant lapsed while a renewal's answer was on its way.
+    assert not any(r["lease_lapsed"] or r["last_poll"] is not None for result in results for r in result)
+    ledger = state["ledger"]
+    assert ledger.expired == ledger.outstanding == 0 and ledger.granted == ledger.returned >= 2

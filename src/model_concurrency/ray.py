@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -176,7 +176,7 @@ class FanOut:
         """What a job's coordinator is built from: this fan-out without its function (it makes no call)."""
         return replace(self, fn=_no_call, job=None)
 
-    def _run(self, items: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
+    def _run(self, items: Iterable[Any] | AsyncIterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
         # Two literal branches, so the gate's overloads (result types by return_exceptions) apply.
         if self.return_exceptions:
             return list(map_concurrent_sync(items, fn, model=self.model, return_exceptions=True, timeout=self.timeout))

@@ -1,5 +1,9 @@
 """One job, many Ray workers, one budget: a coordinator actor per (job, model) and its workers' leases.
 
+(Over 400 lines: a worker's whole side of the lease in one place, its session, renewal thread, fall-back and
+rejoin, the admission that holds items back at a grant of 0, and the entry points the fan-outs call; the
+bookkeeping is lease.py's, the coordinator ray_coordinator.py's.)
+
 Without a job every Ray worker is an independent client (docs/scale-out.md). With ``FanOut(..., job="name")`` the
 workers of that job share one :class:`~model_concurrency.runtime.ModelRuntime` per model, owned by a
 :class:`JobCoordinator` actor: only it polls the engine (one scrape per poll for the whole job), its policy and
@@ -7,7 +11,8 @@ growth guard decide the job's target, and a :class:`~model_concurrency.lease.Lea
 the workers with items to run. A worker never calls the coordinator per item: a thread renews its lease once per
 renewal interval (half the lease), handing back what it does not use and reporting its calls, and resizes the
 worker's own limiter to the grant through the worker's runtime (:meth:`ModelRuntime.lease`, the limiter's only
-writer still).
+writer still). A grant of 0 permits holds the worker's items back before they take a slot (:class:`_Admission`):
+the limiter's least is one call.
 
 The coordinator is a detached, named actor in the Ray namespace :data:`NAMESPACE`, created by whichever worker
 asks first (``get_if_exists``: no race), and it ends itself once no worker has held a lease for a while. If it
@@ -19,13 +24,14 @@ renewing: its permits come back when its lease expires.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,6 +59,90 @@ log = logging.getLogger("model_concurrency")
 JOIN_WAIT_S = 30.0
 # A worker with no fan-out of the job running for this many renewal intervals leaves the job.
 LINGER_RENEWALS = 10
+# How often an ``async def`` item held back by a grant of 0 looks at the grant again (a thread is woken instead).
+ADMISSION_STEP_S = 0.05
+
+
+class _Admission:
+    """Whether this worker may start a call of the job: not while its grant is 0 permits.
+
+    The limiter's least is one call (at 0 a fan-out would have nothing to wake it), so a grant of 0 alone would
+    still let each such worker run one call past the job's target. A grant is 0 when the target is split among
+    others, or while what this worker was given is still held by workers whose share fell. Its items then wait
+    here, before they take a slot, while its renewals state its demand; the shares are split again at every change
+    of demand, so it waits for the others' calls to end, never for its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        # Calls that took a slot just as the grant fell to 0 and wait in it: not running, so not counted as in use.
+        self.parked = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def set(self, permits: int | None) -> None:
+        """The grant in force; None (no grant: the worker runs alone, or left the job) lets every call start."""
+        with self._cond:
+            self._closed = permits == 0
+            if not self._closed:
+                self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+
+    async def wait_async(self) -> None:
+        while self._closed:
+            await asyncio.sleep(ADMISSION_STEP_S)
+
+    def items(self, items: Sequence[Any], on_a_loop: bool) -> Iterable[Any] | AsyncIterable[Any]:
+        """``items``, each handed to the fan-out once a call may start (on a loop without blocking it)."""
+
+        def held_back() -> Iterator[Any]:
+            for item in items:
+                if self._closed:
+                    self.wait()
+                yield item
+
+        async def held_back_async() -> AsyncIterator[Any]:
+            for item in items:
+                await self.wait_async()
+                yield item
+
+        return held_back_async() if on_a_loop else held_back()
+
+    def calls(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn``, held back in its slot if the grant fell to 0 after its item was handed over (rare: the item's
+        wait for a slot outlasted a renewal that left nothing running)."""
+        if is_async_callable(fn):
+
+            async def acall(item: Any) -> Any:
+                if self._closed:
+                    with self._parking():
+                        await self.wait_async()
+                return await fn(item)
+
+            return acall
+
+        def call(item: Any) -> Any:
+            if self._closed:
+                with self._parking():
+                    self.wait()
+            return fn(item)
+
+        return call
+
+    @contextmanager
+    def _parking(self) -> Iterator[None]:
+        with self._cond:
+            self.parked += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.parked -= 1
 
 
 class _Session:
@@ -66,6 +156,7 @@ class _Session:
         self.grant: Grant | None = None  # the book holds this worker with this grant; None: request (again)
         self.alone = False
         self.pending: tuple[Any, float, CallStats] | None = None  # one call to the coordinator at a time
+        self.sent_at = time.monotonic()  # when the last call to the coordinator went out: renewals are timed from it
         self.backlog = CallStats()  # reports a coordinator has not taken
         self.idle_renewals = 0
         self.ended = False
@@ -81,6 +172,7 @@ class _JobClient:
         self.remaining = 0  # items not finished in this process's running fan-outs of the job
         self.active = 0
         self.session: _Session | None = None
+        self.admission = _Admission()
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
@@ -138,7 +230,7 @@ class _JobClient:
             self.handle = coordinator(self.job, self.runtime.name, self.creator, self.config)
             # Timed from when the coordinator is up: creating it (a worker process) is not part of the lease.
             ray.get(self.handle.__ray_ready__.remote(), timeout=JOIN_WAIT_S)
-            sent_at = time.monotonic()
+            sent_at = session.sent_at = time.monotonic()
             grant = ray.get(self._request(session), timeout=JOIN_WAIT_S)
         except LeaseConfigError as exc:
             raise LeaseConfigError(str(getattr(exc, "cause", None) or exc)) from None
@@ -151,14 +243,22 @@ class _JobClient:
             self._granted(session, grant, sent_at)
 
     def _request(self, session: _Session) -> Any:
-        limits = self.runtime.limits
+        running, units = self._running()
         return self.handle.request.remote(
-            session.worker,
-            self.demand(),
-            inflight=limits.inflight(),
-            inflight_tokens=limits.units(),
-            config=self.config,
+            session.worker, self.demand(), inflight=running, inflight_tokens=units, config=self.config
         )
+
+    def _running(self) -> tuple[int, int]:
+        """The calls (and tokens) this worker has in flight; a call parked by :class:`_Admission` is not one."""
+        limits = self.runtime.limits
+        return max(0, limits.inflight() - self.admission.parked), limits.units()
+
+    def _apply(self, view: LeaseView | None, start: int | None = None) -> None:
+        """The runtime's limits and the admission, from one view: closed before the limiter moves, opened after."""
+        if view is not None and view.permits == 0:
+            self.admission.set(0)
+        self.runtime.lease(view, start=start)
+        self.admission.set(None if view is None else view.permits)
 
     def _granted(self, session: _Session, grant: Grant, sent_at: float) -> None:
         if time.monotonic() > sent_at + grant.lease_s:  # answered after its own deadline: stale, ask again
@@ -168,7 +268,7 @@ class _JobClient:
         session.grant, session.alone = grant, False
         session.fallback.granted(grant, sent_at=sent_at)
         session.lease_s, session.interval = grant.lease_s, grant.lease_s / 2
-        self.runtime.lease(LeaseView(self.job, grant.permits, grant.tokens, grant.job_target))
+        self._apply(LeaseView(self.job, grant.permits, grant.tokens, grant.job_target))
 
     def _go_alone(self, session: _Session) -> None:
         if session.alone:
@@ -179,12 +279,15 @@ class _JobClient:
         start = session.fallback.start_target()
         log.warning("job %s, model %s: the lease lapsed; running alone from %d until a coordinator answers",
                     self.job, self.runtime.name, start)  # fmt: skip
-        self.runtime.lease(view, start=start)
+        self._apply(view, start=start)
 
     # -- the renewal thread --------------------------------------------------------------------------------
     def _run(self, session: _Session) -> None:
         while True:
-            self._wake.wait(session.interval)
+            if session.pending is None:
+                # An interval after the last call went out, not after its answer: a grant lasts lease_s from its
+                # request's sending, so a coordinator that answers late must not also delay the next renewal.
+                self._wake.wait(max(0.0, session.sent_at + session.interval - time.monotonic()))
             self._wake.clear()
             with self._lock:
                 session.idle_renewals = session.idle_renewals + 1 if self.active == 0 else 0
@@ -204,8 +307,9 @@ class _JobClient:
             session.pending = self._send(session)
         if session.pending is not None:
             ref, sent_at, report = session.pending
-            deadline = session.fallback.deadline - time.monotonic()
-            ready, _ = ray.wait([ref], timeout=max(0.0, min(session.interval, deadline)))
+            # Until the grant's deadline (a lapse is noticed on time), then an interval at a time.
+            left = session.fallback.deadline - time.monotonic()
+            ready, _ = ray.wait([ref], timeout=left if left > 0 else session.interval)
             if ready:
                 session.pending = None
                 self._answer(session, ref, sent_at, report)
@@ -214,31 +318,35 @@ class _JobClient:
             self._go_alone(session)
 
     def _send(self, session: _Session) -> tuple[Any, float, CallStats] | None:
-        sent_at = time.monotonic()
+        sent_at = session.sent_at = time.monotonic()
         report = session.backlog
         if not session.alone:  # alone, the runtime's own polls read its calls
             report = add_stats(report, self.runtime.calls.drain())
         session.backlog = CallStats()
-        limits = self.runtime.limits
         try:
             if self.handle is None:
                 self.handle = coordinator(self.job, self.runtime.name, self.creator, self.config)
             if session.grant is None:
                 session.backlog = report  # a request carries no report: the next renewal does
                 return self._request(session), sent_at, CallStats()
-            held, held_tokens = session.grant.held, session.grant.held_tokens
+            unused, unused_tokens = self._hand_back(session.grant)
             ref = self.handle.renew.remote(
-                session.worker,
-                self.demand(),
-                unused=max(0, held - limits.inflight()),
-                unused_tokens=max(0, held_tokens - limits.units()),
-                report=report,
+                session.worker, self.demand(), unused=unused, unused_tokens=unused_tokens, report=report
             )
             return ref, sent_at, report
         except Exception as exc:
             log.debug("job %s: no coordinator reached: %s", self.job, exc)
             self.handle, session.backlog = None, report
             return None
+
+    def _hand_back(self, grant: Grant) -> tuple[int, int]:
+        """What a renewal hands back: the permits (and tokens) not in use. Until its answer they are no longer this
+        worker's (the book may grant them to another at once), so no call starts on top of those running."""
+        running, units = self._running()
+        unused, unused_tokens = max(0, grant.held - running), max(0, grant.held_tokens - units)
+        tokens = None if grant.tokens is None else min(grant.tokens, grant.held_tokens - unused_tokens)
+        self._apply(LeaseView(self.job, min(grant.permits, grant.held - unused), tokens, grant.job_target))
+        return unused, unused_tokens
 
     def _answer(self, session: _Session, ref: Any, sent_at: float, report: CallStats) -> None:
         ray = require("ray", "ray", "model_concurrency.ray_job")
@@ -266,7 +374,7 @@ class _JobClient:
                 log.debug("job %s: leaving failed: %s (the lease expires instead)", self.job, exc)
         with self._lock:
             if self.session is None:  # no new session started meanwhile: the runtime is this session's to reset
-                self.runtime.lease(None, start=session.fallback.start_target())
+                self._apply(None, start=session.fallback.start_target())
 
 
 _clients: dict[tuple[str, str], _JobClient] = {}
@@ -313,7 +421,7 @@ def run_in_job(
     creator: Configurable,
     fn: Callable[[Any], Any],
     items: Sequence[Any],
-    run: Callable[[Sequence[Any], Callable[[Any], Any]], list[Any]],
+    run: Callable[[Iterable[Any] | AsyncIterable[Any], Callable[[Any], Any]], list[Any]],
 ) -> list[Any]:
     """``run(items, fn)`` as a worker of ``job``: under the worker's lease from the (job, model) coordinator.
 
@@ -324,8 +432,9 @@ def run_in_job(
     if runtime.spec is None:
         raise ValueError(f"model {creator.model!r} is not registered in this worker")
     client = _client(job_name(job), runtime, creator, lease_config_for(runtime.spec))
+    admission = client.admission
     with client.fan_out(len(items)) as tick:
-        return run(items, counted(fn, tick))
+        return run(admission.items(items, is_async_callable(fn)), counted(admission.calls(fn), tick))
 
 
 def prepare_job(job: str, creator: Configurable) -> None:
