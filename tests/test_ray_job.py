@@ -28,7 +28,7 @@ from model_concurrency import get_utilization
 from model_concurrency.config import get_model
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator, serve_in_thread
 from model_concurrency.lease import Grant, LeaseConfigError
-from model_concurrency.ray import NAMESPACE, FanOut, MapBatches, coordinator_name, fan_out_actor
+from model_concurrency.ray import NAMESPACE, FanOut, MapBatches, coordinator_name, fan_out_actor, fan_out_task
 from model_concurrency.ray_coordinator import JobCoordinator, lease_config_for
 from servers import Behaviour, EngineState, MetricsServer, metrics_server, vllm_page
 from test_ray import local_ray
@@ -249,7 +249,7 @@ def test_a_killed_coordinator_is_replaced_and_every_item_comes_back(
         check_items(chunk, result, job)
 
 
-def test_a_worker_with_another_floor_is_refused(ray_cluster: None, emulator: RunningEmulator) -> None:
+def test_a_worker_with_another_floor_or_ceiling_is_refused(ray_cluster: None, emulator: RunningEmulator) -> None:
     job = "refuse"
     actor_class = fan_out_actor(num_cpus=0.25)
     first = actor_class.remote(FanOut(Call(emulator.base_url), model="bge", config=models(emulator), job=job))
@@ -261,11 +261,41 @@ def test_a_worker_with_another_floor_is_refused(ray_cluster: None, emulator: Run
     message = str(refused.value)
     assert f"floor={FLOOR}," in message and f"floor={FLOOR + 2}," in message
     assert "'refuse'" in message and "'bge'" in message
+    # The ceiling is each node's setting: a worker whose environment states another is refused the same way.
+    ceiling = job_state(job)["config"].ceiling
+    third = fan_out_actor(num_cpus=0.25, runtime_env=settings(MODEL_MAX_CONCURRENCY=str(ceiling + 1))).remote(
+        FanOut(Call(emulator.base_url), model="bge", config=models(emulator), job=job)
+    )
+    with pytest.raises(LeaseConfigError) as refused:
+        ray.get(third.map.remote(items(10)), timeout=120)
+    assert f"ceiling={ceiling}," in str(refused.value) and f"ceiling={ceiling + 1}," in str(refused.value)
     # Without a job the same worker runs as an independent client, as before.
     independent = actor_class.remote(FanOut(Call(emulator.base_url), model="bge", config=models(emulator)))
     alone = ray.get(independent.map.remote(items(5)), timeout=120)
     assert [r["job"] for r in alone] == [None] * 5
-    end(job, [first, second, independent])
+    end(job, [first, second, third, independent])
+
+
+def test_tasks_of_one_job_share_one_coordinator_and_leave_it_when_done(
+    ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
+) -> None:
+    job = "tasks"
+    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    task = fan_out_task(num_cpus=0.25)
+    chunks = [items(10, "a"), items(10, "b")]
+    refs = [task.remote(fan_out, chunk) for chunk in chunks]
+    # Both tasks run at once (their calls wait at the gate), each in its own process: two workers of one coordinator.
+    wait_for(state_with(job, 2), "both tasks hold a lease from the job's coordinator")
+    open_gate(gate)
+    results = ray.get(refs, timeout=120)
+    # A task's process outlives the task: its session leaves once idle, handing everything back (nothing expires).
+    state = wait_for(state_when(job, lambda s: not s["shares"]), "both workers left the job")
+    end(job, [])
+    for chunk, result in zip(chunks, results, strict=True):
+        check_items(chunk, result, job)
+    assert all(r["last_poll"] is None for result in results for r in result)  # only the coordinator polled
+    ledger = state["ledger"]
+    assert ledger.expired == ledger.outstanding == 0 and ledger.granted == ledger.returned >= 2
 
 
 def test_a_worker_granted_nothing_starts_nothing_until_it_has_a_share(

@@ -1,4 +1,4 @@
-"""A job's worker side without Ray: a grant of 0, a renewal whose answer is late.
+"""A job's worker side without Ray: a grant of 0, a renewal whose answer is late, configurations that differ.
 
 The worker's side (ray_job.py's ``_JobClient``) is driven here by hand: its grants come from a real
 :class:`~model_concurrency.lease.LeaseBook` called directly, where Ray would carry them, and its calls in flight are
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from model_concurrency.lease import Grant, LeaseBook, LeaseConfig
-from model_concurrency.ray_job import _JobClient, _Session
+from model_concurrency.lease import Grant, LeaseBook, LeaseConfig, LeaseConfigError
+from model_concurrency.ray_job import _client, _clients, _JobClient, _Session
 from model_concurrency.runtime import LeaseView, ModelRuntime
 
 CONFIG = LeaseConfig(floor=4, ceiling=4, policy="adaptive")  # a job's target of exactly 4
@@ -195,3 +195,27 @@ def test_a_lease_sets_the_workers_limits_and_its_published_state() -> None:
     runtime.lease(LeaseView("j", None, job_target=6), start=5)  # lapsed: the runtime decides alone again
     state = runtime.state()
     assert (runtime.leased(), state.grant, state.lease_lapsed, runtime.current_budget()) == (False, None, True, None)
+
+
+# -- workers from different configurations -----------------------------------------------------------------------
+def test_workers_with_another_floor_or_ceiling_are_refused_naming_both() -> None:
+    leases = book()
+    leases.request("w0", 2, now=0.0, config=CONFIG)
+    for other in (LeaseConfig(8, 4, "adaptive"), LeaseConfig(4, 64, "adaptive"), LeaseConfig(4, 4, "aimd")):
+        with pytest.raises(LeaseConfigError) as refused:
+            leases.request("w1", 2, now=0.0, config=other)
+        message = str(refused.value)
+        assert repr(other) in message and repr(CONFIG) in message and "'w1'" in message
+    assert leases.held() == {"w0": 2}  # a refusal takes nothing
+
+
+def test_a_process_that_asks_for_a_job_with_another_ceiling_is_refused_naming_both() -> None:
+    runtime = ModelRuntime(None, name="two-configs")
+    try:
+        _client("two-configs-job", runtime, None, CONFIG)  # type: ignore[arg-type]
+        with pytest.raises(LeaseConfigError) as refused:
+            _client("two-configs-job", runtime, None, LeaseConfig(4, 64, "adaptive"))  # type: ignore[arg-type]
+    finally:
+        _clients.pop(("two-configs-job", runtime.name), None)
+    message = str(refused.value)
+    assert "ceiling=4," in message and "ceiling=64," in message and "'two-configs-job'" in message
