@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("signals.vllm", "signals.sglang", "engine.request", "engine.steptime", "engine.presets"),
     ("config", "policies", "page_hold", "signals", "engine"),
     ("controller", "guard", "gate.limiter", "gate.stats", "gate.outage", "gate.hold", "gate.outcome", "lease"),
-    ("gate.model_limiter", "telemetry", "export"),
+    ("gate.model_limiter", "telemetry", "export", "lease_runtime"),
     ("runtime",),
     ("gate", "hooks", "integrations", "ray_coordinator"),
     ("ray_job",),

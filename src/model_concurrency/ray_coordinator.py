@@ -17,16 +17,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from model_concurrency import config
 from model_concurrency.config import ModelSpec, get_model, setting
-from model_concurrency.controller import CallRecorder
 from model_concurrency.extras import require
-from model_concurrency.gate.hold import AdmissionHold
-from model_concurrency.gate.limiter import Usage, UsageMeter
 from model_concurrency.lease import Grant, LeaseBook, LeaseConfig
+from model_concurrency.lease_runtime import BookCalls, BookLimits
 from model_concurrency.observation import CallStats
 from model_concurrency.runtime import ModelRuntime, RuntimeSettings, adaptive_enabled
 
@@ -85,58 +82,6 @@ class Configurable(Protocol):
 
 
 # -- the coordinator ---------------------------------------------------------------------------------------------
-class _BookCalls(CallRecorder):
-    """The coordinator's call recorder: the workers' reports, summed by the book since the last poll."""
-
-    def __init__(self, book: LeaseBook, lock: threading.RLock) -> None:
-        super().__init__()
-        self._book, self._book_lock = book, lock
-
-    def drain(self) -> CallStats:
-        with self._book_lock:
-            return self._book.drain_stats()
-
-
-class _BookLimits:
-    """The coordinator runtime's limits: in flight is what the workers hold (the sum of outstanding grants), noted
-    in a usage meter after every book call so the poll reads the interval's peak and mean. Nothing is admitted
-    here; the limit and budget the runtime sets are the job's, which the book splits."""
-
-    def __init__(self, book: LeaseBook, lock: threading.RLock, clock: Callable[[], float]) -> None:
-        self.hold = AdmissionHold()
-        self._book, self._lock, self._clock = book, lock, clock
-        self._meter = UsageMeter(clock())
-        self._limit = 1
-        self.budget: int | None = None
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    def inflight(self) -> int:
-        with self._lock:
-            return self._book.inflight()
-
-    def units(self) -> int:
-        with self._lock:
-            return self._book.ledger(tokens=True).outstanding
-
-    def note(self) -> None:
-        with self._lock:
-            self._meter.note(self._book.inflight(), self._clock(), self._book.ledger(tokens=True).outstanding)
-
-    def take_usage(self) -> Usage:
-        with self._lock:
-            self.note()
-            return self._meter.take(self._clock())
-
-    def resize(self, limit: int) -> None:
-        self._limit = limit
-
-    def set_budget(self, budget: int | None) -> None:
-        self.budget = budget
-
-
 class JobCoordinator:
     """The actor of one (job, model): the model's runtime for the whole job, its lease book, and the poll.
 
@@ -153,7 +98,7 @@ class JobCoordinator:
         self._lock = threading.RLock()
         self.lease_s = lease_seconds()
         self.book = LeaseBook(job, spec.name, lease_config, lease_s=self.lease_s)
-        self.limits = _BookLimits(self.book, self._lock, self.clock)
+        self.limits = BookLimits(self.book, self._lock, self.clock)
         settings = RuntimeSettings(
             poll_s=float(setting(*config.POLL_S)),
             ramp_poll_divisor=setting(*config.RAMP_POLL_DIVISOR),
@@ -168,7 +113,7 @@ class JobCoordinator:
             spec,
             floor=lease_config.floor,
             limiter=self.limits,
-            recorder=_BookCalls(self.book, self._lock),
+            recorder=BookCalls(self.book, self._lock),
             settings=settings,
             publish=False,
         )

@@ -32,9 +32,10 @@ import simpy
 from model_concurrency.lab.client import SimClient
 from model_concurrency.lab.scenario import Clients
 from model_concurrency.lease import Grant, LeaseBook, LeaseConfig, UnknownWorker, add_stats
+from model_concurrency.lease_runtime import BookCalls, BookLimits
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
-from model_concurrency.ray_coordinator import MIN_LEASE_S, _BookCalls, _BookLimits
+from model_concurrency.ray_coordinator import MIN_LEASE_S
 from model_concurrency.runtime import LeaseView, ModelRuntime
 from model_concurrency.signals.interval import IntervalMeter
 
@@ -77,7 +78,7 @@ class SimJob:
         self.poll_targets: list[int] = []
         self._source: SimClient | None = None
         self._meter = IntervalMeter()
-        self._limits: _BookLimits | None = None
+        self._limits: BookLimits | None = None
 
     def member(self, renew_from_s: float) -> Lease:
         """A worker's lease process, for :class:`SimClient`'s ``lease``: its renewals start at ``renew_from_s``
@@ -99,7 +100,7 @@ class SimJob:
         lease_s = max(2 * settings.poll_s, MIN_LEASE_S)
         book = self.book = LeaseBook(self.name, "model", self.config, lease_s=lease_s)  # the lab serves one model
         lock = threading.RLock()
-        self._limits = _BookLimits(book, lock, lambda: env.now)
+        self._limits = BookLimits(book, lock, lambda: env.now)
         self.runtime = ModelRuntime(
             None,
             name=f"job-{self.name}",
@@ -110,7 +111,7 @@ class SimJob:
             settings=dataclasses.replace(settings, ceiling=self.config.ceiling),
             publish=False,
             stated_limits=getattr(first.target, "stated_limits", None),
-            recorder=_BookCalls(book, lock),
+            recorder=BookCalls(book, lock),
         )
         if self.jitter_rng is not None:
             self.runtime.core.jitter_rng = self.jitter_rng
