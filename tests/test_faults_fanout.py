@@ -111,11 +111,6 @@ def raises(front: str, items: Iterable[int], afn: AFn, sfn: SFn, **kwargs: Any) 
     return box[0]
 
 
-def cancelled_bug(front: str) -> Any:
-    # Once a bug (an item whose fn raised CancelledError was lost); kept as a named case for every front.
-    return front
-
-
 # -- calls that raise ------------------------------------------------------------------------------------------------
 def failing(calls: Calls) -> tuple[AFn, SFn]:
     def check(x: int) -> int:
@@ -208,9 +203,8 @@ def test_calls_that_hang_past_their_timeout(front: str) -> None:
 
 
 # -- calls that get cancelled (not the caller) -------------------------------------------------------------------
-@pytest.mark.parametrize("front", [cancelled_bug(f) for f in FRONTS])
-def test_calls_that_get_cancelled_are_their_items_exceptions(front: str) -> None:
-    calls = Calls()
+def cancelling(calls: Calls) -> tuple[AFn, SFn]:
+    """Every fifth item's call raises CancelledError of its own accord; the caller is never cancelled."""
 
     async def afn(x: int) -> int:
         calls.enter()
@@ -233,7 +227,17 @@ def test_calls_that_get_cancelled_are_their_items_exceptions(front: str) -> None
         finally:
             calls.leave()
 
-    out = run_front(front, range(20), afn, sfn, return_exceptions=True)
+    return afn, sfn
+
+
+@pytest.mark.parametrize("capacity", [None, 2], ids=["target", "pinned"])
+@pytest.mark.parametrize("front", FRONTS)
+def test_calls_that_get_cancelled_are_their_items_exceptions(front: str, capacity: int | None) -> None:
+    """The worker that ran such a call lives on: with LIMIT workers and more cancelled items than that, a worker
+    lost per cancelled call would leave items unrun (or the run hung)."""
+    calls = Calls()
+    afn, sfn = cancelling(calls)
+    out = run_front(front, range(20), afn, sfn, return_exceptions=True, capacity=capacity)
     assert len(out) == 20
     for x, value in enumerate(out):
         if x % 5 == 2:
@@ -241,6 +245,21 @@ def test_calls_that_get_cancelled_are_their_items_exceptions(front: str) -> None
         else:
             assert value == x, (x, value)
     assert calls.started == calls.finished == 20
+    assert gate_stats("m").errors_by_type == {"CancelledError": 4}
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_calls_that_get_cancelled_without_return_exceptions_raise_the_first_after_the_running_ones(
+    front: str,
+) -> None:
+    """Without ``return_exceptions`` a cancelled call is a failure like any other: no new item starts, the
+    running ones finish, and its CancelledError is raised with the first-failure note."""
+    calls = Calls()
+    afn, sfn = cancelling(calls)
+    exc = raises(front, range(10_000), afn, sfn)
+    assert isinstance(exc, asyncio.CancelledError), exc
+    assert any("failed first" in note for note in getattr(exc, "__notes__", [])), exc
+    assert calls.started == calls.finished < 10_000  # stopped early, nothing still running
 
 
 # -- calls that answer 429 / 503 from a real server --------------------------------------------------------------
@@ -333,6 +352,9 @@ def test_caller_cancelled_mid_run_with_calls_running_queued_and_timing_out(kind:
     bounded(lambda: asyncio.run(main()), limit_s=30)
     release.set()
     assert wait_until(lambda: calls.running == 0)
+    # The caller's cancellation is not the model failing: no cancelled call is tallied as an error (the policy and
+    # the outage hold read those), unlike a call that raises CancelledError of its own accord.
+    assert "CancelledError" not in gate_stats("m").errors_by_type, gate_stats("m")
 
 
 # -- an item iterator that raises halfway ------------------------------------------------------------------------
@@ -348,12 +370,7 @@ async def ahalfway() -> AsyncIterator[int]:
     raise ValueError("the item source broke halfway")
 
 
-def iterator_bug(front: str) -> Any:
-    # Once a bug (the sync front raised an iterator's error while calls still ran); kept for every front.
-    return front
-
-
-@pytest.mark.parametrize("front", [iterator_bug(f) for f in FRONTS])
+@pytest.mark.parametrize("front", FRONTS)
 def test_item_iterator_that_raises_halfway(front: str) -> None:
     calls = Calls()
 
