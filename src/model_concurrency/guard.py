@@ -79,7 +79,6 @@ class _Span:
     43: goodput p10 0.872 / 0.842 against 0.862 / 0.842).
     """
 
-    start: float
     calls: int = 0
     latency_sum: float = 0.0
     inflight_time: float = 0.0
@@ -88,9 +87,6 @@ class _Span:
     @property
     def latency(self) -> float:
         return self.latency_sum / self.calls if self.calls else math.inf
-
-    def rate(self, now: float) -> float:
-        return self.calls / (now - self.start)
 
     def holds(self, concurrency: float, factor: float) -> bool:
         """Whether a poll at ``concurrency`` belongs to this span's load (within ``factor`` of its mean)."""
@@ -186,13 +182,13 @@ class GrowthGuard:
             return None
         span = self.span
         if span is None or not span.holds(concurrency, self.over_knee):  # another load: a new span
-            span = _Span(before)
+            span = _Span()
         span.add(obs.time - before, concurrency, obs.client_calls, latency or 0.0)
         self.span = span
-        if span.calls < self.min_calls or obs.time - span.start < 0.5 * span.latency:
+        if span.calls < self.min_calls or span.duration < 0.5 * span.latency:
             return None  # too short: the calls that ended in it started at another load
         self.span = None
-        concurrency, rate, latency = span.inflight_time / span.duration, span.rate(obs.time), span.latency
+        concurrency, rate, latency = span.inflight_time / span.duration, span.calls / span.duration, span.latency
         # Little's law, multiplied out (rate × latency can underflow to 0 on absurd inputs; no division).
         expected = rate * latency
         if not (expected / self.steady <= concurrency <= expected * self.steady and expected > 0):
