@@ -19,7 +19,7 @@ from model_concurrency.lab import run as lab_run
 from model_concurrency.lab.experiment import RunResult, run_scenario
 from model_concurrency.lab.job import SimJob, job_groups
 from model_concurrency.lab.scenario import Scenario, load_scenario, scenario_from_dict
-from model_concurrency.lease import LeaseBook
+from model_concurrency.lease import AFTER_POLL, Grant, LeaseBook
 from model_concurrency.policies.registry import load_policy
 
 
@@ -129,6 +129,34 @@ def test_grants_stay_within_the_target_plus_what_drains(monkeypatch: pytest.Monk
     ledger = book.ledger()
     assert ledger.granted == ledger.returned + ledger.expired + ledger.outstanding
     assert ledger.expired == 0  # every worker renewed in time
+
+
+def test_a_new_target_reaches_every_worker_just_after_the_poll_that_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each poll's target is in a grant to every worker of the job within a short offset after the poll (before:
+    at each worker's next renewal, timed from its own first request: up to a poll interval later)."""
+    polls: list[tuple[float, int, set[str]]] = []  # when, the target, the workers the book held then
+    grants: list[tuple[float, str, int]] = []  # when, to whom, the job's target it named
+    set_target, renew = LeaseBook.set_target, LeaseBook.renew
+
+    def noting(book: LeaseBook, *args: Any, **kwargs: Any) -> None:
+        set_target(book, *args, **kwargs)
+        polls.append((kwargs["now"], book.target, set(book.shares())))
+
+    def renewing(book: LeaseBook, *args: Any, **kwargs: Any) -> Grant:
+        grant = renew(book, *args, **kwargs)
+        grants.append((kwargs["now"], grant.worker, grant.job_target))
+        return grant
+
+    monkeypatch.setattr(LeaseBook, "set_target", noting)
+    monkeypatch.setattr(LeaseBook, "renew", renewing)
+    scenario = job_scenario()
+    run(scenario)
+    offset = AFTER_POLL * scenario.clients.poll_s  # the lease is two polls, a renewal interval one
+    changed = [poll for poll, before in zip(polls[1:], polls[:-1], strict=True) if poll[1] != before[1]]
+    assert len(changed) > 5
+    for at, target, workers in changed:
+        told = {w for when, w, named in grants if at <= when <= at + offset + 1e-9 and named == target}
+        assert told == workers, (at, target)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from model_concurrency.lease import (
+    AFTER_POLL,
+    SOON,
     Fallback,
     Grant,
     LeaseBook,
@@ -20,12 +22,16 @@ from model_concurrency.lease import (
     LeaseConfigError,
     Ledger,
     UnknownWorker,
+    renew_in,
+    renewal_due,
     split,
 )
 from model_concurrency.observation import CallStats
 
 CONFIG = LeaseConfig(floor=4, ceiling=512)
 LEASE_S = 24.0  # two 12-second polls
+INTERVAL = LEASE_S / 2  # a renewal at the latest
+SOON_S = SOON * INTERVAL  # a renewal while the worker's split is unsettled
 
 
 def make_book(target: int = 10) -> LeaseBook:
@@ -37,8 +43,10 @@ def jain(values: list[int]) -> float:
     return total * total / (len(values) * squares) if squares else 1.0
 
 
-def grant(worker: str, permits: int, held: int, share: int, deadline: float, target: int = 10) -> Grant:
-    return Grant(worker, permits, held, share, None, 0, deadline, LEASE_S, target, None)
+def grant(
+    worker: str, permits: int, held: int, share: int, deadline: float, target: int = 10, renew: float = INTERVAL
+) -> Grant:
+    return Grant(worker, permits, held, share, None, 0, deadline, LEASE_S, target, None, renew)
 
 
 # -- the split ---------------------------------------------------------------------------------------------------
@@ -77,7 +85,7 @@ def test_equal_workers_are_split_evenly(workers: int, each: int, spare_demand: i
 def test_a_first_grant_is_the_share_and_lasts_lease_s() -> None:
     book = make_book(10)
     assert book.target == 10
-    assert book.request("a", 6, now=100.0) == grant("a", 6, 6, 6, 124.0)
+    assert book.request("a", 6, now=100.0) == grant("a", 6, 6, 6, 124.0, renew=SOON_S)  # a join: others may come
     assert book.inflight() == 6
     assert LeaseBook("j", "m", CONFIG, lease_s=1.0).target == CONFIG.floor  # before the first poll: the floor
 
@@ -85,9 +93,9 @@ def test_a_first_grant_is_the_share_and_lasts_lease_s() -> None:
 def test_a_newcomer_waits_for_headroom_then_the_shares_converge() -> None:
     book = make_book(10)
     assert book.request("a", 10, now=0.0).permits == 10
-    assert book.request("b", 10, now=1.0) == grant("b", 0, 0, 5, 25.0)  # share 5, but a holds all 10
+    assert book.request("b", 10, now=1.0) == grant("b", 0, 0, 5, 25.0, renew=SOON_S)  # share 5, but a holds all 10
     assert book.shares() == {"a": 5, "b": 5}
-    assert book.renew("a", 10, unused=0, now=2.0) == grant("a", 5, 10, 5, 26.0)  # 10 still running: kept
+    assert book.renew("a", 10, unused=0, now=2.0) == grant("a", 5, 10, 5, 26.0, renew=SOON_S)  # 10 running: kept
     assert book.renew("a", 10, unused=6, now=3.0) == grant("a", 5, 5, 5, 27.0)  # 4 running: back to its share
     assert book.renew("b", 10, now=4.0) == grant("b", 5, 5, 5, 28.0)
     assert book.inflight() == 10
@@ -128,7 +136,7 @@ def test_a_worker_past_its_deadline_loses_its_grant() -> None:
     with pytest.raises(UnknownWorker, match="'a' holds no lease"):
         book.renew("a", 10, now=27.0)
     # It comes back with 3 calls it ran on its own meanwhile: they are counted, beyond the target (I1's exception)
-    assert book.request("a", 10, inflight=3, now=28.0) == grant("a", 3, 3, 5, 52.0)
+    assert book.request("a", 10, inflight=3, now=28.0) == grant("a", 3, 3, 5, 52.0, renew=SOON_S)
     assert book.inflight() == 13
     assert book.ledger() == Ledger(granted=23, returned=0, expired=10, outstanding=13)
 
@@ -230,6 +238,58 @@ def test_bad_arguments_are_refused() -> None:
     assert book.shares() == {} and book.inflight() == 0
 
 
+# -- when to renew -----------------------------------------------------------------------------------------------
+def test_a_renewal_comes_just_after_the_next_poll_never_later_than_half_the_lease() -> None:
+    after = AFTER_POLL * INTERVAL
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=None, unsettled=False) == INTERVAL  # not told: the interval
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=104.0, unsettled=False) == 4.0 + after
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=130.0, unsettled=False) == INTERVAL  # a poll far off
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=99.0, unsettled=False) == after  # due, not done yet
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=104.0, unsettled=True) == SOON_S
+    assert renew_in(INTERVAL, now=100.0, next_poll_at=100.125, unsettled=True) == 0.125 + after  # the poll first
+    # On the worker's clock, from the answer; a late answer never pushes the renewal past half the lease
+    g = grant("a", 5, 5, 5, 124.0, renew=4.5)
+    assert renewal_due(g, sent_at=10.0, answered_at=10.5) == 15.0
+    assert renewal_due(g, sent_at=10.0, answered_at=19.0) == 10.0 + INTERVAL
+
+
+def test_a_worker_joining_a_full_target_has_its_share_after_short_renewals_not_an_interval() -> None:
+    """The first worker to ask takes the whole target; the next one's share comes back to it as the first one's
+    calls end, a short renewal at a time (before: at the first one's renewal, a whole interval after it joined)."""
+    book = make_book(10)
+    book.set_target(10, now=0.0, next_poll_at=12.0)
+    a = book.request("a", 10, now=0.0)
+    assert (a.permits, a.renew_in_s) == (10, SOON_S)  # a join renews soon: others may be joining too
+    b = book.request("b", 10, now=0.0)
+    assert (b.permits, b.share, b.renew_in_s) == (0, 5, SOON_S)  # short of its share: soon too
+    a = book.renew("a", 10, unused=0, now=SOON_S)  # all 10 of a's calls still run: it drains ...
+    assert (a.permits, a.held, a.renew_in_s) == (5, 10, SOON_S)
+    b = book.renew("b", 10, now=SOON_S)
+    assert (b.permits, b.renew_in_s) == (0, SOON_S)
+    a = book.renew("a", 10, unused=6, now=2 * SOON_S)  # ... 6 of them ended: 4 run, topped up to its share
+    assert (a.permits, a.held) == (5, 5)
+    assert a.renew_in_s == pytest.approx(12.0 + AFTER_POLL * INTERVAL - 2 * SOON_S)  # settled: after the poll
+    b = book.renew("b", 10, now=2 * SOON_S)
+    assert (b.permits, b.held, b.share) == (5, 5, 5)
+    assert 2 * SOON_S < INTERVAL / 4
+
+
+def test_a_new_target_reaches_every_worker_just_after_the_poll_that_set_it() -> None:
+    book = make_book(12)
+    book.set_target(12, now=0.0, next_poll_at=5.0)
+    first = {w: book.request(w, 4, now=0.0) for w in "abc"}
+    assert {g.permits for g in first.values()} == {4}
+    due = {w: book.renew(w, 4, now=g.renew_in_s).renew_in_s + g.renew_in_s for w, g in first.items()}
+    assert due == pytest.approx(dict.fromkeys("abc", 5.0 + AFTER_POLL * INTERVAL))  # after the poll, all of them
+    book.set_target(6, now=5.0, next_poll_at=17.0)  # the poll cuts the target
+    cut = {w: book.renew(w, 4, unused=book.held()[w], now=due[w]) for w in "abc"}  # their calls all ended
+    # a handed back first, while b and c still held 8 of the 6: it waits a short renewal (I1)
+    assert {w: (g.permits, g.job_target) for w, g in cut.items()} == {"a": (0, 6), "b": (2, 6), "c": (2, 6)}
+    assert cut["a"].renew_in_s == SOON_S
+    assert cut["b"].renew_in_s == cut["c"].renew_in_s == pytest.approx(12.0)  # the next poll's offset after it
+    assert book.renew("a", 4, now=due["a"] + SOON_S).permits == 2
+
+
 # -- the worker's fallback ---------------------------------------------------------------------------------------
 def test_a_worker_falls_back_to_its_last_grant_never_the_ceiling() -> None:
     fallback = Fallback(CONFIG, lease_s=LEASE_S, started_at=0.0)
@@ -266,12 +326,21 @@ class LeaseMachine(RuleBasedStateMachine):
         self.claim: dict[str, tuple[int, float]] = {}  # demand, weight
         self.tally = [0, 0, 0]  # granted, returned, expired, counted from the answers alone
         self.overhang = self._excess()  # X of I2: what is out beyond the target, never raised by a grant
+        self.next_poll: float | None = None
 
     def _excess(self) -> int:
         return max(0, self.book.inflight() - self.book.target)
 
     def _after_grant(self, g: Grant, before: int, before_tokens: int, demand: int) -> None:
         assert 0 <= g.permits <= g.share <= demand  # I4, and a limit never above the share
+        assert 0 < g.renew_in_s <= INTERVAL
+        unsettled = g.held != g.permits or g.permits < g.share
+        if g.tokens is not None:
+            unsettled = unsettled or g.held_tokens != g.tokens
+        if unsettled:  # others hold its share, or it holds more than its limit: a short renewal
+            assert g.renew_in_s <= SOON_S
+        if self.next_poll is not None:  # just after the next poll, if that comes within the interval
+            assert g.renew_in_s <= max(INTERVAL * AFTER_POLL, self.next_poll - self.now + INTERVAL * AFTER_POLL)
         assert g.held == max(g.permits, before) and g.deadline == self.now + LEASE_S
         self.tally[0] += g.held - before
         self.held[g.worker], self.held_tokens[g.worker] = g.held, g.held_tokens
@@ -344,9 +413,10 @@ class LeaseMachine(RuleBasedStateMachine):
             self.held_tokens.pop(worker)
             self.claim.pop(worker)
 
-    @rule(requests=st.integers(0, 40), tokens=st.none() | st.integers(0, 200))
-    def set_target(self, requests: int, tokens: int | None) -> None:
-        self.book.set_target(requests, tokens, now=self.now)
+    @rule(requests=st.integers(0, 40), tokens=st.none() | st.integers(0, 200), poll_in=st.sampled_from([1.0, 30.0]))
+    def set_target(self, requests: int, tokens: int | None, poll_in: float) -> None:
+        self.next_poll = self.now + poll_in
+        self.book.set_target(requests, tokens, now=self.now, next_poll_at=self.next_poll)
         self.overhang = self._excess()
 
     @rule(worker=st.sampled_from(WORKERS))

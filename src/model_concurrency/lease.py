@@ -3,8 +3,9 @@
 A fan-out over many Ray workers should behave as one client of the model: one runtime polls the engine and
 decides the job's target, and the workers share it. The :class:`LeaseBook` is that sharing, with no Ray, no I/O
 and no clock of its own (every call is told ``now``), so a Ray actor, the lab's simulator and the tests run the
-same rules. A worker ``request``s once, ``renew``s every poll interval and ``leave``s at the end; the coordinator
-calls ``set_target`` on every poll and ``expire`` to take back what killed workers held.
+same rules. A worker ``request``s once, ``renew``s when its grant says (:func:`renewal_due`) and ``leave``s at the
+end; the coordinator calls ``set_target`` on every poll, naming the next one, and ``expire`` to take back what killed
+workers held.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fractions import Fraction
 from model_concurrency.observation import CallStats
 
 __all__ = ["Fallback", "Grant", "LeaseBook", "LeaseConfig", "LeaseConfigError", "Ledger", "UnknownWorker"]
-__all__ += ["add_stats", "split"]
+__all__ += ["add_stats", "renew_in", "renewal_due", "split"]
 
 # A permit is one call in flight. A grant names two figures: ``permits``, the most calls the worker may have in
 # flight until its deadline (its own limiter is resized to it), and ``held``, what the book counts with it:
@@ -41,6 +42,17 @@ __all__ += ["add_stats", "split"]
 #
 # A token budget, when the job has one, is a second dimension under the same rules; without one, grants carry
 # ``tokens=None`` (not enforced) and tokens already counted only come back.
+#
+# When to renew (:func:`renew_in`, the grant's ``renew_in_s``): just after the coordinator's next poll, so a new
+# target and its split reach every worker a short offset after the poll that set it; sooner (a fraction of the
+# interval) while the split is unsettled for this worker: it just joined (others may hold its share), it holds
+# less than its share (others still hold the difference), or more than its limit (calls from before a cut still
+# run, and what ends is handed back); never later than half the lease. Seconds from the answer, so the workers'
+# clocks need not agree with the book's.
+
+# The offset after the next poll, and the sooner renewal while unsettled, as fractions of the renewal interval.
+AFTER_POLL = 0.05
+SOON = 0.0625
 
 
 class LeaseConfigError(ValueError):
@@ -83,6 +95,7 @@ class Grant:
     lease_s: float
     job_target: int
     job_tokens: int | None
+    renew_in_s: float  # when to renew, in seconds from this answer (:func:`renewal_due`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +151,22 @@ def split(target: int, demands: Mapping[str, int], weights: Mapping[str, float] 
     for w in sorted(exact, key=lambda w: (shares[w] - exact[w], w))[:spare]:
         shares[w] += 1
     return shares
+
+
+def renew_in(interval: float, *, now: float, next_poll_at: float | None, unsettled: bool) -> float:
+    """Seconds from ``now`` until a worker renews: the coordinator's next poll plus a short offset (a poll that is
+    due but not done yet: the offset alone), a fraction of the interval while ``unsettled``, at most the interval
+    (half the lease)."""
+    after = AFTER_POLL * interval
+    due = interval if next_poll_at is None else max(after, next_poll_at - now + after)
+    return min(due, SOON * interval if unsettled else interval, interval)
+
+
+def renewal_due(grant: Grant, *, sent_at: float, answered_at: float) -> float:
+    """When the worker renews, on its own clock: ``renew_in_s`` after the answer came (so after the poll it names,
+    however long the answer took), and never later than half the lease after the call was sent (a late answer must
+    not also delay the renewal that keeps the lease)."""
+    return min(answered_at + grant.renew_in_s, sent_at + grant.lease_s / 2)
 
 
 def add_stats(a: CallStats, b: CallStats) -> CallStats:
@@ -202,6 +231,7 @@ class LeaseBook:
         self._tokens = _Pool(None)  # a token budget comes with a poll
         self._workers: dict[str, _Worker] = {}
         self._stats, self._tokens_used = CallStats(), 0
+        self._next_poll: float | None = None  # the coordinator's next poll on the book's clock; None: not told
 
     # -- what the coordinator reads ----------------------------------------------------------------------------
     @property
@@ -266,7 +296,7 @@ class LeaseBook:
         self._workers[worker] = state
         for pool, count in zip((self._permits, self._tokens), adopted, strict=True):
             pool.held[worker], pool.granted = count, pool.granted + count
-        return self._grant(worker, state, now)
+        return self._grant(worker, state, now, joined=True)
 
     def renew(
         self,
@@ -326,12 +356,16 @@ class LeaseBook:
         self._resplit()
         return lapsed
 
-    def set_target(self, requests: int, tokens: int | None = None, *, now: float) -> None:
-        """The job's target from the coordinator's runtime, every poll. Nothing is recalled: shares change at once,
-        holdings as workers renew (I2). ``now`` keeps the protocol's call shape."""
+    def set_target(
+        self, requests: int, tokens: int | None = None, *, now: float, next_poll_at: float | None = None
+    ) -> None:
+        """The job's target from the coordinator's runtime, every poll, and when the next poll is due (grants time
+        their renewals after it). Nothing is recalled: shares change at once, holdings as workers renew (I2).
+        ``now`` keeps the protocol's call shape."""
         del now
         self._permits.target = _whole(requests, 0, "requests")
         self._tokens.target = _maybe(tokens, "tokens")
+        self._next_poll = next_poll_at
         self._resplit()
 
     # -- inside ------------------------------------------------------------------------------------------------
@@ -361,13 +395,17 @@ class LeaseBook:
         }
         self._tokens.shares = {} if budget is None else split(budget, want, weights)
 
-    def _grant(self, worker: str, state: _Worker, now: float) -> Grant:
+    def _grant(self, worker: str, state: _Worker, now: float, *, joined: bool = False) -> Grant:
         self._resplit()
         permits, tokens = self._permits.top_up(worker) or 0, self._tokens.top_up(worker)
         state.deadline = now + self.lease_s
         held, share, held_tokens = self._permits.held[worker], self._permits.shares[worker], self._tokens.held[worker]
+        unsettled = joined or held != permits or permits < share
+        if tokens is not None:
+            unsettled = unsettled or held_tokens != tokens or tokens < self._tokens.shares[worker]
+        due = renew_in(self.lease_s / 2, now=now, next_poll_at=self._next_poll, unsettled=unsettled)
         job = self.target, self._tokens.target
-        return Grant(worker, permits, held, share, tokens, held_tokens, state.deadline, self.lease_s, *job)
+        return Grant(worker, permits, held, share, tokens, held_tokens, state.deadline, self.lease_s, *job, due)
 
 
 class Fallback:

@@ -8,11 +8,12 @@ Without a job every Ray worker is an independent client (docs/scale-out.md). Wit
 workers of that job share one :class:`~model_concurrency.runtime.ModelRuntime` per model, owned by a
 :class:`JobCoordinator` actor: only it polls the engine (one scrape per poll for the whole job), its policy and
 growth guard decide the job's target, and a :class:`~model_concurrency.lease.LeaseBook` splits that target among
-the workers with items to run. A worker never calls the coordinator per item: a thread renews its lease once per
-renewal interval (half the lease), handing back what it does not use and reporting its calls, and resizes the
-worker's own limiter to the grant through the worker's runtime (:meth:`ModelRuntime.lease`, the limiter's only
-writer still). A grant of 0 permits holds the worker's items back before they take a slot (:class:`_Admission`):
-the limiter's least is one call.
+the workers with items to run. A worker never calls the coordinator per item: a thread renews its lease when the
+grant says (just after the coordinator's next poll, sooner while the split is unsettled, at most half the lease:
+:func:`~model_concurrency.lease.renewal_due`), handing back what it does not use and reporting its calls, and
+resizes the worker's own limiter to the grant through the worker's runtime (:meth:`ModelRuntime.lease`, the
+limiter's only writer still). A grant of 0 permits holds the worker's items back before they take a slot
+(:class:`_Admission`): the limiter's least is one call.
 
 The coordinator is a detached, named actor in the Ray namespace :data:`NAMESPACE`, created by whichever worker
 asks first (``get_if_exists``: no race), and it ends itself once no worker has held a lease for a while. If it
@@ -37,7 +38,15 @@ from typing import Any
 
 from model_concurrency.extras import require
 from model_concurrency.gate.fanout import is_async_callable
-from model_concurrency.lease import Fallback, Grant, LeaseConfig, LeaseConfigError, UnknownWorker, add_stats
+from model_concurrency.lease import (
+    Fallback,
+    Grant,
+    LeaseConfig,
+    LeaseConfigError,
+    UnknownWorker,
+    add_stats,
+    renewal_due,
+)
 from model_concurrency.observation import CallStats
 from model_concurrency.ray_coordinator import (
     NAMESPACE,
@@ -57,7 +66,7 @@ log = logging.getLogger("model_concurrency")
 # How long a worker's first fan-out of a job waits for its first grant (it may be creating the coordinator, which
 # starts a Ray worker process) before it runs on its own from the floor and keeps asking.
 JOIN_WAIT_S = 30.0
-# A worker with no fan-out of the job running for this many renewal intervals leaves the job.
+# A worker with no fan-out of the job running for this many renewal intervals (half-leases) leaves the job.
 LINGER_RENEWALS = 10
 # How often an ``async def`` item held back by a grant of 0 looks at the grant again (a thread is woken instead).
 ADMISSION_STEP_S = 0.05
@@ -156,9 +165,10 @@ class _Session:
         self.grant: Grant | None = None  # the book holds this worker with this grant; None: request (again)
         self.alone = False
         self.pending: tuple[Any, float, CallStats] | None = None  # one call to the coordinator at a time
-        self.sent_at = time.monotonic()  # when the last call to the coordinator went out: renewals are timed from it
+        self.sent_at = time.monotonic()  # when the last call to the coordinator went out
+        self.due: float | None = None  # when to renew, from the last grant; None: an interval after sent_at
         self.backlog = CallStats()  # reports a coordinator has not taken
-        self.idle_renewals = 0
+        self.idle_since: float | None = None  # since when no fan-out of the job runs here
         self.ended = False
 
 
@@ -207,7 +217,7 @@ class _JobClient:
             if session is None:
                 session = self.session = _Session(self.config)
             else:
-                session.idle_renewals = 0
+                session.idle_since = None
                 if was == 0 and count > 0:
                     self._wake.set()  # a demand that was 0 is re-split at once, not at the next renewal
                 return
@@ -268,6 +278,7 @@ class _JobClient:
         session.grant, session.alone = grant, False
         session.fallback.granted(grant, sent_at=sent_at)
         session.lease_s, session.interval = grant.lease_s, grant.lease_s / 2
+        session.due = renewal_due(grant, sent_at=sent_at, answered_at=time.monotonic())
         self._apply(LeaseView(self.job, grant.permits, grant.tokens, grant.job_target))
 
     def _go_alone(self, session: _Session) -> None:
@@ -285,13 +296,19 @@ class _JobClient:
     def _run(self, session: _Session) -> None:
         while True:
             if session.pending is None:
-                # An interval after the last call went out, not after its answer: a grant lasts lease_s from its
-                # request's sending, so a coordinator that answers late must not also delay the next renewal.
-                self._wake.wait(max(0.0, session.sent_at + session.interval - time.monotonic()))
+                # When the last grant said; without one, an interval after the last call went out, not after its
+                # answer: a grant lasts lease_s from its sending, so a late answer must not also delay the next.
+                due = session.due if session.due is not None else session.sent_at + session.interval
+                self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             with self._lock:
-                session.idle_renewals = session.idle_renewals + 1 if self.active == 0 else 0
-                if session.idle_renewals > LINGER_RENEWALS and session.pending is None:
+                now = time.monotonic()
+                if self.active:
+                    session.idle_since = None
+                elif session.idle_since is None:
+                    session.idle_since = now
+                idle = session.idle_since is not None and now - session.idle_since > LINGER_RENEWALS * session.interval
+                if idle and session.pending is None:
                     self.session, session.ended = None, True
             if session.ended:
                 self._leave(session)
@@ -319,6 +336,7 @@ class _JobClient:
 
     def _send(self, session: _Session) -> tuple[Any, float, CallStats] | None:
         sent_at = session.sent_at = time.monotonic()
+        session.due = None  # until this call's answer names the next renewal
         report = session.backlog
         if not session.alone:  # alone, the runtime's own polls read its calls
             report = add_stats(report, self.runtime.calls.drain())

@@ -8,10 +8,11 @@ coordinator's own (the outstanding grants as its in-flight count, the workers' s
 it, one snapshot of the engine per poll for the whole job, and takes back expired leases first, as the actor does.
 
 Each client is a worker as ray_job.py runs one: it requests a grant before its first item, with the calls it
-already runs; it renews once per half-lease with its demand (its items left, at most the job's ceiling), the
+already runs; it renews when its grant says (:func:`~model_concurrency.lease.renewal_due`: just after the job's
+next poll, sooner while its split is unsettled) with its demand (its items left, at most the job's ceiling), the
 permits it does not use and its calls since the last renewal; and its own runtime's limiter follows the grant
-(:meth:`~model_concurrency.runtime.ModelRuntime.lease`). Nothing here decides or splits, so the lab measures the
-rule that ships. Renewals keep the phase of the client's first poll, the drift separate processes have.
+(:meth:`~model_concurrency.runtime.ModelRuntime.lease`). Nothing here decides, splits or times, so the lab
+measures the rule that ships.
 
 A job's floor and ceiling are its clients' summed (``floor × clients``), so a scenario run as a job and run as
 independent clients start at the same total and may reach the same total: the two runs differ in the rule alone.
@@ -31,7 +32,7 @@ import simpy
 
 from model_concurrency.lab.client import SimClient
 from model_concurrency.lab.scenario import Clients
-from model_concurrency.lease import Grant, LeaseBook, LeaseConfig, UnknownWorker, add_stats
+from model_concurrency.lease import Grant, LeaseBook, LeaseConfig, UnknownWorker, add_stats, renewal_due
 from model_concurrency.lease_runtime import BookCalls, BookLimits
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
@@ -80,14 +81,15 @@ class SimJob:
         self._meter = IntervalMeter()
         self._limits: BookLimits | None = None
 
-    def member(self, renew_from_s: float) -> Lease:
-        """A worker's lease process, for :class:`SimClient`'s ``lease``: its renewals start at ``renew_from_s``
-        (at one interval when 0)."""
+    def member(self, first_poll_s: float = 0.0) -> Lease:
+        """A worker's lease process, for :class:`SimClient`'s ``lease``. ``first_poll_s``, the phase an independent
+        client would poll at, is not used: a worker's renewals follow its grants, timed from the job's polls."""
+        del first_poll_s
 
         def lease(client: SimClient) -> Generator[Any, Any, None]:
             if self.runtime is None:
                 self._start(client)
-            return self._worker(client, renew_from_s)
+            return self._worker(client)
 
         return lease
 
@@ -127,7 +129,9 @@ class SimJob:
             self.poll_times.append(env.now)
             self.poll_targets.append(runtime.poll_with(self._read, "metrics unavailable"))
             self.polls += 1
-            book.set_target(runtime.current(), runtime.current_budget(), now=env.now)
+            book.set_target(
+                runtime.current(), runtime.current_budget(), now=env.now, next_poll_at=runtime.core.next_poll_at
+            )
             limits.note()
             yield env.timeout(max(0.0, runtime.core.next_poll_at - env.now))
 
@@ -152,13 +156,14 @@ class SimJob:
             return self.config.ceiling
         return max(0, min(client.items - client.completed - client.rejected, self.config.ceiling))
 
-    def _worker(self, client: SimClient, renew_from_s: float) -> Generator[Any, Any, None]:
+    def _worker(self, client: SimClient) -> Generator[Any, Any, None]:
+        """Renewals as ray_job.py times them; a call here is answered at the instant it is sent."""
         env, book, limits = self.env, self.book, client.runtime.limits
         assert book is not None
-        interval, backlog = book.lease_s / 2, None
+        backlog = None
         grant = self._request(client)
-        yield env.timeout(renew_from_s if renew_from_s > 0 else interval)
         while True:
+            yield env.timeout(max(0.0, renewal_due(grant, sent_at=env.now, answered_at=env.now) - env.now))
             report = client.runtime.calls.drain()
             if backlog is not None:  # a request carries no report: the renewal after it does
                 report, backlog = add_stats(backlog, report), None
@@ -174,7 +179,6 @@ class SimJob:
                 self._granted(client, grant)
             except UnknownWorker:  # the book let the lease expire: rejoin with the calls in flight
                 grant, backlog = self._request(client), report
-            yield env.timeout(interval)
 
     def _request(self, client: SimClient) -> Grant:
         assert self.book is not None
