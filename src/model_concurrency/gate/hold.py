@@ -58,7 +58,7 @@ MAX_RETRY_AFTER_S = 120.0
 # The backoff on refusals that repeat at the floor (AdmissionHold.note): each accepted call shrinks the factor by
 # this, so refusals settle near ln(1 / 0.999) / ln 2 = 0.14 % of accepted calls. On the 11 generator draws that
 # repeat refusals, the share refused after the first minute was 2-77 % with 0.99 (and a factor of at most 64),
-# 0.6-35 % with 0.995 (256), 0.2-15 % with 0.999 (1024) (docs/results.md, "A shared rate limit").
+# 0.6-35 % with 0.995 (256), 0.2-15 % with 0.999 (1024).
 HOLD_DECAY = 0.999
 # The most the factor grows, 2^10: for floors many times what the limit admits (15 clients of floor 12 beside a
 # limit of 15 calls a second).
@@ -164,7 +164,7 @@ class AdmissionHold:
     again. Above the floor the target falls to what the limit admits (the throttle cut, the guard's throttle cap)
     and that stops it; at the floor nothing does. On the generator's draws where a rate limit binds, 74-99 % of
     calls were refused after the first minute, through floors above what the limit admits or several clients
-    sharing it (docs/results.md, "A shared rate limit"). So at the floor each refusal holds for its delay times
+    sharing it (tests/test_lab_ratelimit.py runs such a case). So at the floor each refusal holds for its delay times
     ``factor``; a refusal that comes after the hold in force ended (the calls sent after it were refused again)
     doubles ``factor``, up to :data:`HOLD_FACTOR_MAX`, and each accepted call shrinks it by :data:`HOLD_DECAY`.
     A longer hold lets the bucket fill for the burst that follows it. Not above the floor: there a long hold reads
