@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from model_concurrency.lease import (
-    AFTER_POLL,
     SOON,
     Fallback,
     Grant,
@@ -239,14 +238,9 @@ def test_bad_arguments_are_refused() -> None:
 
 
 # -- when to renew -----------------------------------------------------------------------------------------------
-def test_a_renewal_comes_just_after_the_next_poll_never_later_than_half_the_lease() -> None:
-    after = AFTER_POLL * INTERVAL
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=None, unsettled=False) == INTERVAL  # not told: the interval
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=104.0, unsettled=False) == 4.0 + after
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=130.0, unsettled=False) == INTERVAL  # a poll far off
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=99.0, unsettled=False) == after  # due, not done yet
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=104.0, unsettled=True) == SOON_S
-    assert renew_in(INTERVAL, now=100.0, next_poll_at=100.125, unsettled=True) == 0.125 + after  # the poll first
+def test_a_renewal_comes_once_an_interval_sooner_while_unsettled_never_later_than_half_the_lease() -> None:
+    assert renew_in(INTERVAL, unsettled=False) == INTERVAL
+    assert renew_in(INTERVAL, unsettled=True) == SOON_S
     # On the worker's clock, from the answer; a late answer never pushes the renewal past half the lease
     g = grant("a", 5, 5, 5, 124.0, renew=4.5)
     assert renewal_due(g, sent_at=10.0, answered_at=10.5) == 15.0
@@ -257,7 +251,7 @@ def test_a_worker_joining_a_full_target_has_its_share_after_short_renewals_not_a
     """The first worker to ask takes the whole target; the next one's share comes back to it as the first one's
     calls end, a short renewal at a time (before: at the first one's renewal, a whole interval after it joined)."""
     book = make_book(10)
-    book.set_target(10, now=0.0, next_poll_at=12.0)
+    book.set_target(10, now=0.0)
     a = book.request("a", 10, now=0.0)
     assert (a.permits, a.renew_in_s) == (10, SOON_S)  # a join renews soon: others may be joining too
     b = book.request("b", 10, now=0.0)
@@ -268,26 +262,26 @@ def test_a_worker_joining_a_full_target_has_its_share_after_short_renewals_not_a
     assert (b.permits, b.renew_in_s) == (0, SOON_S)
     a = book.renew("a", 10, unused=6, now=2 * SOON_S)  # ... 6 of them ended: 4 run, topped up to its share
     assert (a.permits, a.held) == (5, 5)
-    assert a.renew_in_s == pytest.approx(12.0 + AFTER_POLL * INTERVAL - 2 * SOON_S)  # settled: after the poll
+    assert a.renew_in_s == INTERVAL  # settled: an interval from now
     b = book.renew("b", 10, now=2 * SOON_S)
     assert (b.permits, b.held, b.share) == (5, 5, 5)
     assert 2 * SOON_S < INTERVAL / 4
 
 
-def test_a_new_target_reaches_every_worker_just_after_the_poll_that_set_it() -> None:
+def test_after_a_cut_a_worker_short_of_its_share_renews_soon_and_the_others_an_interval_on() -> None:
     book = make_book(12)
-    book.set_target(12, now=0.0, next_poll_at=5.0)
+    book.set_target(12, now=0.0)
     first = {w: book.request(w, 4, now=0.0) for w in "abc"}
     assert {g.permits for g in first.values()} == {4}
-    due = {w: book.renew(w, 4, now=g.renew_in_s).renew_in_s + g.renew_in_s for w, g in first.items()}
-    assert due == pytest.approx(dict.fromkeys("abc", 5.0 + AFTER_POLL * INTERVAL))  # after the poll, all of them
-    book.set_target(6, now=5.0, next_poll_at=17.0)  # the poll cuts the target
-    cut = {w: book.renew(w, 4, unused=book.held()[w], now=due[w]) for w in "abc"}  # their calls all ended
+    settled = {w: book.renew(w, 4, now=g.renew_in_s) for w, g in first.items()}
+    assert {g.renew_in_s for g in settled.values()} == {INTERVAL}
+    book.set_target(6, now=5.0)  # the poll cuts the target
+    cut = {w: book.renew(w, 4, unused=book.held()[w], now=6.0) for w in "abc"}  # their calls all ended
     # a handed back first, while b and c still held 8 of the 6: it waits a short renewal (I1)
     assert {w: (g.permits, g.job_target) for w, g in cut.items()} == {"a": (0, 6), "b": (2, 6), "c": (2, 6)}
     assert cut["a"].renew_in_s == SOON_S
-    assert cut["b"].renew_in_s == cut["c"].renew_in_s == pytest.approx(12.0)  # the next poll's offset after it
-    assert book.renew("a", 4, now=due["a"] + SOON_S).permits == 2
+    assert cut["b"].renew_in_s == cut["c"].renew_in_s == INTERVAL
+    assert book.renew("a", 4, now=6.0 + SOON_S).permits == 2
 
 
 # -- the worker's fallback ---------------------------------------------------------------------------------------
@@ -326,7 +320,6 @@ class LeaseMachine(RuleBasedStateMachine):
         self.claim: dict[str, tuple[int, float]] = {}  # demand, weight
         self.tally = [0, 0, 0]  # granted, returned, expired, counted from the answers alone
         self.overhang = self._excess()  # X of I2: what is out beyond the target, never raised by a grant
-        self.next_poll: float | None = None
 
     def _excess(self) -> int:
         return max(0, self.book.inflight() - self.book.target)
@@ -339,8 +332,6 @@ class LeaseMachine(RuleBasedStateMachine):
             unsettled = unsettled or g.held_tokens != g.tokens
         if unsettled:  # others hold its share, or it holds more than its limit: a short renewal
             assert g.renew_in_s <= SOON_S
-        if self.next_poll is not None:  # just after the next poll, if that comes within the interval
-            assert g.renew_in_s <= max(INTERVAL * AFTER_POLL, self.next_poll - self.now + INTERVAL * AFTER_POLL)
         assert g.held == max(g.permits, before) and g.deadline == self.now + LEASE_S
         self.tally[0] += g.held - before
         self.held[g.worker], self.held_tokens[g.worker] = g.held, g.held_tokens
@@ -413,10 +404,9 @@ class LeaseMachine(RuleBasedStateMachine):
             self.held_tokens.pop(worker)
             self.claim.pop(worker)
 
-    @rule(requests=st.integers(0, 40), tokens=st.none() | st.integers(0, 200), poll_in=st.sampled_from([1.0, 30.0]))
-    def set_target(self, requests: int, tokens: int | None, poll_in: float) -> None:
-        self.next_poll = self.now + poll_in
-        self.book.set_target(requests, tokens, now=self.now, next_poll_at=self.next_poll)
+    @rule(requests=st.integers(0, 40), tokens=st.none() | st.integers(0, 200))
+    def set_target(self, requests: int, tokens: int | None) -> None:
+        self.book.set_target(requests, tokens, now=self.now)
         self.overhang = self._excess()
 
     @rule(worker=st.sampled_from(WORKERS))

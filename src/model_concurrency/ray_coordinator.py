@@ -4,8 +4,7 @@ A job's workers (:mod:`model_concurrency.ray_job`) lease permits from this actor
 engine and deciding alone. It owns a :class:`~model_concurrency.runtime.ModelRuntime` whose limits are the book's
 (in flight: the sum of the outstanding grants) and whose call recorder reads the workers' summed reports, so the
 runtime's policy, growth guard and poll schedule run unchanged on the job's figures; it polls on that schedule,
-one scrape per poll for the whole job, and tells the book the new target each time and when the next poll is due
-(grants time the workers' renewals just after it).
+one scrape per poll for the whole job, and tells the book the new target each time.
 
 It is a detached, named actor in the Ray namespace :data:`NAMESPACE` (:func:`coordinator_name`), created by
 whichever worker asks first (``get_if_exists``, so two first askers get the same one), and it ends itself once no
@@ -197,8 +196,7 @@ class JobCoordinator:
             runtime.core.begin_poll(self.clock())
         with self._lock:
             self.polls += 1
-            target, budget, due = runtime.current(), runtime.current_budget(), runtime.core.next_poll_at
-            self.book.set_target(target, budget, now=self.clock(), next_poll_at=due)
+            self.book.set_target(runtime.current(), runtime.current_budget(), now=self.clock())
             self.limits.note()
 
     def _read(self) -> Any:

@@ -9,7 +9,7 @@ workers of that job share one :class:`~model_concurrency.runtime.ModelRuntime` p
 :class:`JobCoordinator` actor: only it polls the engine (one scrape per poll for the whole job), its policy and
 growth guard decide the job's target, and a :class:`~model_concurrency.lease.LeaseBook` splits that target among
 the workers with items to run. A worker never calls the coordinator per item: a thread renews its lease when the
-grant says (just after the coordinator's next poll, sooner while the split is unsettled, at most half the lease:
+grant says (once per renewal interval, half the lease, and sooner while the split is unsettled:
 :func:`~model_concurrency.lease.renewal_due`), handing back what it does not use and reporting its calls, and
 resizes the worker's own limiter to the grant through the worker's runtime (:meth:`ModelRuntime.lease`, the
 limiter's only writer still). A grant of 0 permits holds the worker's items back before they take a slot

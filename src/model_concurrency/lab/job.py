@@ -8,8 +8,8 @@ coordinator's own (the outstanding grants as its in-flight count, the workers' s
 it, one snapshot of the engine per poll for the whole job, and takes back expired leases first, as the actor does.
 
 Each client is a worker as ray_job.py runs one: it requests a grant before its first item, with the calls it
-already runs; it renews when its grant says (:func:`~model_concurrency.lease.renewal_due`: just after the job's
-next poll, sooner while its split is unsettled) with its demand (its items left, at most the job's ceiling), the
+already runs; it renews when its grant says (:func:`~model_concurrency.lease.renewal_due`: once per renewal
+interval, sooner while its split is unsettled) with its demand (its items left, at most the job's ceiling), the
 permits it does not use and its calls since the last renewal; and its own runtime's limiter follows the grant
 (:meth:`~model_concurrency.runtime.ModelRuntime.lease`). Nothing here decides, splits or times, so the lab
 measures the rule that ships.
@@ -83,7 +83,7 @@ class SimJob:
 
     def member(self, first_poll_s: float = 0.0) -> Lease:
         """A worker's lease process, for :class:`SimClient`'s ``lease``. ``first_poll_s``, the phase an independent
-        client would poll at, is not used: a worker's renewals follow its grants, timed from the job's polls."""
+        client would poll at, is not used: a worker's renewals follow its grants (:func:`renewal_due`)."""
         del first_poll_s
 
         def lease(client: SimClient) -> Generator[Any, Any, None]:
@@ -129,9 +129,7 @@ class SimJob:
             self.poll_times.append(env.now)
             self.poll_targets.append(runtime.poll_with(self._read, "metrics unavailable"))
             self.polls += 1
-            book.set_target(
-                runtime.current(), runtime.current_budget(), now=env.now, next_poll_at=runtime.core.next_poll_at
-            )
+            book.set_target(runtime.current(), runtime.current_budget(), now=env.now)
             limits.note()
             yield env.timeout(max(0.0, runtime.core.next_poll_at - env.now))
 
