@@ -390,3 +390,29 @@ def test_a_slow_coordinator_costs_throughput_never_an_item_or_a_permit(
     assert not any(r["lease_lapsed"] or r["last_poll"] is not None for result in results for r in result)
     ledger = state["ledger"]
     assert ledger.expired == ledger.outstanding == 0 and ledger.granted == ledger.returned >= 2
+
+
+def test_a_new_coordinator_goes_on_from_the_calls_its_workers_rejoin_with(emulator: RunningEmulator) -> None:
+    """The actor's class built in this process (no Ray: the workers' calls made by hand). Workers that rejoin within
+    a lease of its start bring the calls they ran alone: the job's target is their sum at once, not the floor;
+    a join with nothing in flight, or a rejoin later on, leaves the target to the polls."""
+    fan_out = FanOut(Call(emulator.base_url), model="bge", config=models(emulator), job="resumed")
+    fan_out.configure()
+    spec = get_model("bge")
+    assert spec is not None
+    coordinator = JobCoordinator("resumed", fan_out, lease_config_for(spec))
+    wait_for(lambda: coordinator.polls >= 1, "the coordinator's first poll")
+    coordinator._stop.set()  # no poll after this one: only the rejoins move the target
+    try:
+        assert coordinator.state()["target"] == FLOOR
+        a = coordinator.request("a", 50, inflight=20, config=None)
+        assert coordinator.state()["target"] == 20 and a.held == 20
+        coordinator.request("b", 50, inflight=12, config=None)
+        assert coordinator.state()["target"] == 32
+        coordinator.request("c", 50, config=None)  # a first join: nothing run alone
+        assert coordinator.state()["target"] == 32
+        coordinator.started_at -= 2 * coordinator.lease_s  # later on, a lapsed worker's rejoin is the polls' to judge
+        coordinator.request("d", 50, inflight=40, config=None)
+        assert coordinator.state()["target"] == 32
+    finally:
+        coordinator._stop.set()

@@ -120,6 +120,7 @@ class JobCoordinator:
         self.polls = self.scrapes = 0
         self._idle_since: float | None = self.clock()
         self._stop = threading.Event()
+        self.started_at = self.clock()  # built: the workers' queued calls come in from here
         threading.Thread(target=self._poll_loop, name=f"model-concurrency-job-{job}", daemon=True).start()
 
     # -- the protocol, as remote methods -------------------------------------------------------------------
@@ -131,7 +132,17 @@ class JobCoordinator:
                 worker, demand, now=self.clock(), inflight=inflight, inflight_tokens=inflight_tokens, config=config
             )
             self.limits.note()
-            return grant
+            running = self.book.inflight()
+        # A coordinator that replaces one that died: its workers rejoin within a lease of its start, each with the
+        # calls it ran alone meanwhile. The job goes on from those, not from the floor. Outside the book's lock: a
+        # poll takes the runtime's lock, then the book's.
+        runtime = self.runtime
+        if inflight and self.clock() - self.started_at <= self.lease_s and running > runtime.current():
+            runtime.resume_from(running)
+            with self._lock:
+                self.book.set_target(runtime.current(), runtime.current_budget(), now=self.clock())
+                self.limits.note()
+        return grant
 
     def renew(self, worker: str, demand: int, *, unused: int, unused_tokens: int, report: CallStats | None) -> Grant:
         with self._lock:

@@ -381,12 +381,24 @@ class ModelRuntime:
         with self._lock:
             self.lease_view = view
             if start is not None and (view is None or view.permits is None):
-                self.core.target_value = float(max(1, start))
-                self.core.set_bounds(self.floor, self.core.ceiling)
-                self.core.next_poll_at = self.clock()
+                self._start_at(start)
             if self._publish:
                 self.published = self._state_locked()
         return self.apply_limits()
+
+    def resume_from(self, start: int) -> int:
+        """Go on from ``start`` (within the bounds), with a poll at once: a job's new coordinator, whose predecessor
+        died, takes up the calls its workers already run rather than the floor."""
+        with self._lock:
+            self._start_at(start)
+            if self._publish:
+                self.published = self._state_locked()
+        return self.apply_limits()
+
+    def _start_at(self, start: int) -> None:
+        self.core.target_value = float(max(1, start))
+        self.core.set_bounds(self.floor, self.core.ceiling)
+        self.core.next_poll_at = self.clock()
 
     def apply_limits(self) -> int:
         """Bring the limiter to the limits in force (the request count and the token budget); returns the count.
