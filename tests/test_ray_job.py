@@ -394,8 +394,9 @@ def test_a_slow_coordinator_costs_throughput_never_an_item_or_a_permit(
 
 def test_a_new_coordinator_goes_on_from_the_calls_its_workers_rejoin_with(emulator: RunningEmulator) -> None:
     """The actor's class built in this process (no Ray: the workers' calls made by hand). Workers that rejoin within
-    a lease of its start bring the calls they ran alone: the job's target is their sum at once, not the floor;
-    a join with nothing in flight, or a rejoin later on, leaves the target to the polls."""
+    a lease of its start bring the calls they ran alone and the job target their last grant named: the job's target
+    is their sum at once, not the floor, and no more than the largest target named; a join with nothing in flight,
+    a rejoin that names no target, or one later on leaves the target to the polls."""
     fan_out = FanOut(Call(emulator.base_url), model="bge", config=models(emulator), job="resumed")
     fan_out.configure()
     spec = get_model("bge")
@@ -405,14 +406,20 @@ def test_a_new_coordinator_goes_on_from_the_calls_its_workers_rejoin_with(emulat
     coordinator._stop.set()  # no poll after this one: only the rejoins move the target
     try:
         assert coordinator.state()["target"] == FLOOR
-        a = coordinator.request("a", 50, inflight=20, config=None)
+        a = coordinator.request("a", 50, inflight=20, config=None, last_target=36)
         assert coordinator.state()["target"] == 20 and a.held == 20
-        coordinator.request("b", 50, inflight=12, config=None)
+        coordinator.request("b", 50, inflight=12, config=None, last_target=30)
         assert coordinator.state()["target"] == 32
-        coordinator.request("c", 50, config=None)  # a first join: nothing run alone
-        assert coordinator.state()["target"] == 32
+        coordinator.request("e", 50, inflight=10, config=None, last_target=30)  # 42 run alone; the job ran 36
+        assert coordinator.state()["target"] == 36
+        coordinator.runtime.resume_from(10)  # as if a poll had cut the job to 10 under the 42 still out
+        with coordinator._lock:
+            coordinator.book.set_target(10, now=coordinator.clock())
+        coordinator.request("c", 50, config=None, last_target=36)  # a first join: nothing run alone
+        coordinator.request("f", 50, inflight=5, config=None)  # a worker that never had a grant
+        assert coordinator.state()["target"] == 10
         coordinator.started_at -= 2 * coordinator.lease_s  # later on, a lapsed worker's rejoin is the polls' to judge
-        coordinator.request("d", 50, inflight=40, config=None)
-        assert coordinator.state()["target"] == 32
+        coordinator.request("d", 50, inflight=40, config=None, last_target=36)
+        assert coordinator.state()["target"] == 10
     finally:
         coordinator._stop.set()

@@ -120,29 +120,48 @@ class JobCoordinator:
         self.polls = self.scrapes = 0
         self._idle_since: float | None = self.clock()
         self._stop = threading.Event()
+        self._resuming = threading.Lock()
+        self._named = 0  # the largest job target the rejoining workers' last grants named
         self.started_at = self.clock()  # built: the workers' queued calls come in from here
         threading.Thread(target=self._poll_loop, name=f"model-concurrency-job-{job}", daemon=True).start()
 
     # -- the protocol, as remote methods -------------------------------------------------------------------
     def request(
-        self, worker: str, demand: int, *, inflight: int = 0, inflight_tokens: int = 0, config: LeaseConfig | None
+        self,
+        worker: str,
+        demand: int,
+        *,
+        inflight: int = 0,
+        inflight_tokens: int = 0,
+        config: LeaseConfig | None,
+        last_target: int | None = None,
     ) -> Grant:
         with self._lock:
             grant = self.book.request(
                 worker, demand, now=self.clock(), inflight=inflight, inflight_tokens=inflight_tokens, config=config
             )
             self.limits.note()
-            running = self.book.inflight()
-        # A coordinator that replaces one that died: its workers rejoin within a lease of its start, each with the
-        # calls it ran alone meanwhile. The job goes on from those, not from the floor. Outside the book's lock: a
-        # poll takes the runtime's lock, then the book's.
-        runtime = self.runtime
-        if inflight and self.clock() - self.started_at <= self.lease_s and running > runtime.current():
-            runtime.resume_from(running)
-            with self._lock:
-                self.book.set_target(runtime.current(), runtime.current_budget(), now=self.clock())
-                self.limits.note()
+        if inflight and last_target is not None and self.clock() - self.started_at <= self.lease_s:
+            self._resume(last_target)
         return grant
+
+    def _resume(self, last_target: int) -> None:
+        """A coordinator that replaces one that died: its workers rejoin within a lease of its start, each with the
+        calls it ran alone meanwhile and the job's target its last grant named. The job goes on from those calls, not
+        from the floor, and no higher than the largest target named (alone, each worker runs at least the job's
+        floor, so their sum can exceed what the job ran). One rejoin at a time, each reading the book afresh; the
+        runtime's lock before the book's, as a poll takes them."""
+        with self._resuming:
+            self._named = max(self._named, last_target)
+            with self._lock:
+                running = self.book.inflight()
+            runtime = self.runtime
+            start = min(running, self._named)
+            if start > runtime.current():
+                runtime.resume_from(start)
+                with self._lock:
+                    self.book.set_target(runtime.current(), runtime.current_budget(), now=self.clock())
+                    self.limits.note()
 
     def renew(self, worker: str, demand: int, *, unused: int, unused_tokens: int, report: CallStats | None) -> Grant:
         with self._lock:

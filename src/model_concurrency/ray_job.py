@@ -254,8 +254,14 @@ class _JobClient:
 
     def _request(self, session: _Session) -> Any:
         running, units = self._running()
+        last = session.fallback.last
         return self.handle.request.remote(
-            session.worker, self.demand(), inflight=running, inflight_tokens=units, config=self.config
+            session.worker,
+            self.demand(),
+            inflight=running,
+            inflight_tokens=units,
+            config=self.config,
+            last_target=last.job_target if last is not None else None,
         )
 
     def _running(self) -> tuple[int, int]:

@@ -387,8 +387,8 @@ class ModelRuntime:
         return self.apply_limits()
 
     def resume_from(self, start: int) -> int:
-        """Go on from ``start`` (within the bounds), with a poll at once: a job's new coordinator, whose predecessor
-        died, takes up the calls its workers already run rather than the floor."""
+        """Go on from ``start`` (within the bounds), with the next poll due now: a job's new coordinator, whose
+        predecessor died, takes up the calls its workers already run rather than the floor."""
         with self._lock:
             self._start_at(start)
             if self._publish:

@@ -81,10 +81,10 @@ class SimJob:
         self._meter = IntervalMeter()
         self._limits: BookLimits | None = None
 
-    def member(self, first_poll_s: float = 0.0) -> Lease:
-        """A worker's lease process, for :class:`SimClient`'s ``lease``. ``first_poll_s``, the phase an independent
-        client would poll at, is not used: a worker's renewals follow its grants (:func:`renewal_due`)."""
-        del first_poll_s
+    def member(self) -> Lease:
+        """A worker's lease process, for :class:`SimClient`'s ``lease``. Its renewals follow its grants
+        (:func:`renewal_due`), so the workers of a job, which all join at the start, renew on one grid, as a Ray job's
+        workers started together do."""
 
         def lease(client: SimClient) -> Generator[Any, Any, None]:
             if self.runtime is None:

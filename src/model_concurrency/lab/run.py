@@ -106,7 +106,7 @@ def simulate(
                 outage_handover=c.outage_handover,
                 name=f"client-{i}",
                 shared_records=records,
-                lease=job.member(first_poll_s) if job is not None else None,
+                lease=job.member() if job is not None else None,
             )
         )
     samples: dict[str, list[Any]] = {k: [] for k in ("time", "running", "waiting", "kv", "preemptions", "gateway")}
