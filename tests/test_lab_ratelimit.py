@@ -118,7 +118,7 @@ def test_summary_throttled_figures_are_exact() -> None:
 
 @pytest.mark.parametrize("policy", ["adaptive", "aimd"])
 def test_the_target_settles_under_the_limit_instead_of_sawing_into_it(policy: str) -> None:
-    """Issue 14's goal on the bundled scenario: >= 0.95 of the limit, < 1 % of calls throttled after the first
+    """The rate-limit goal on the bundled scenario: >= 0.95 of the limit, < 1 % of calls throttled after the first
     minute (before the 429 rules of the controller and the guard: 99.7 % throttled, docs/results.md).
 
     The median of three seeds (the bundled one and the next two), each run at least 0.9: with the per-poll jitter
@@ -143,8 +143,7 @@ def test_clients_sharing_a_limit_their_floors_overrun_back_off_instead_of_hammer
     """Four clients with floors of 8 behind 600 requests a minute (10 a second, about 3 calls in flight at a time):
     the floors alone ask for ten times what the limit admits, and every refusal names the same instant, the
     bucket's next token. Before the hold's backoff at the floor (gate/hold.py) 97 % of their calls were refused
-    after the first minute, at 1.00 of the limit and Jain 0.36; with it 7 %, 0.90 and 0.97 (docs/results.md, "A
-    shared rate limit")."""
+    after the first minute, at 1.00 of the limit and Jain 0.36; with it 7 %, 0.90 and 0.97."""
     from model_concurrency.policies.registry import load_policy
 
     scenario = scenario_from_dict(
