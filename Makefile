@@ -46,7 +46,8 @@ wheel: setup
 # 20 minutes on two idle cores with the oracle sweeps cached, half an hour more without.
 results: setup
 	$(BIN)/model-concurrency report --out docs/results.md --seed 41 --n 200 --scale 0.25 --work docs/figures/report
-	rm -rf docs/figures/report/fuzz/scenarios docs/figures/report/bundled/compare.md docs/figures/report/fuzz/worst.md
+	rm -rf docs/figures/report/fuzz/scenarios docs/figures/report/bundled/compare.md docs/figures/report/fuzz/worst.md \
+		docs/figures/report/compare.log docs/figures/report/fuzz.log
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
