@@ -20,46 +20,28 @@ when an item is missing or under 99 % succeeded. The last line:
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 
 import httpx
+import scale_out
+from ray import cloudpickle
+from scale_out import Embed, local_ray
 
 from model_concurrency.emulator import EmulatorConfig, RunningEmulator
 from model_concurrency.emulator.serve import serve_in_processes
 from model_concurrency.signals.vllm import parse_vllm_metrics
 
+cloudpickle.register_pickle_by_value(scale_out)  # the actors get the item's class by value, as scale_out's own
+
 SEQS = 32
 FLOOR = 4
-CEILING = 256
 RECOVERED = 0.8  # the share of the pre-kill target a restarted job must be back at
 JOB = "coordinator-kill"
 MODEL = "bge"
-
-_clients: dict[str, httpx.Client] = {}  # one connection pool per worker process
-
-
-@dataclass(frozen=True)
-class Embed:
-    """One item, one real embeddings call (picklable: Ray ships it to every actor)."""
-
-    base_url: str
-    model: str
-
-    def __call__(self, text: str) -> int:
-        client = _clients.get(self.base_url)
-        if client is None:
-            client = _clients[self.base_url] = httpx.Client(
-                timeout=60, limits=httpx.Limits(max_connections=CEILING, max_keepalive_connections=CEILING)
-            )
-        response = client.post(f"{self.base_url}/embeddings", json={"model": self.model, "input": text})
-        response.raise_for_status()
-        return int(response.json()["usage"]["prompt_tokens"])
 
 
 @dataclass
@@ -117,28 +99,11 @@ def main(args: argparse.Namespace) -> int:
     from model_concurrency.ray import NAMESPACE, FanOut, coordinator_name, fan_out_actor
 
     poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as scale_out.py
-    temp_dir = tempfile.mkdtemp(prefix="mc-ray-")  # short: Ray's socket paths must fit in 107 bytes
     config = EmulatorConfig(preset="bge-m3", max_num_seqs=SEQS, time_scale=args.time_scale, simulate_frontend=False)
     kills: list[Kill] = []
     with ExitStack() as stack:
         emu = stack.enter_context(serve_in_processes(config))
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=128 * 1024 * 1024,
-            _temp_dir=temp_dir,
-            runtime_env={
-                "env_vars": {
-                    "MODEL_CONCURRENCY_POLL_S": str(poll_s),
-                    "MODEL_MAX_CONCURRENCY": str(CEILING),
-                    "MODEL_CONCURRENCY_PROMETHEUS_URL": "",
-                }
-            },
-        )
-        stack.callback(lambda: shutil.rmtree(temp_dir, ignore_errors=True))
-        stack.callback(ray.shutdown)
+        local_ray(stack, poll_s)
         table = {"base_url": emu.base_url, "served_model_name": emu.model, "max_parallel_calls": FLOOR}
         fan_out = FanOut(
             Embed(emu.base_url, emu.model), model=MODEL, config={"models": {MODEL: table}}, job=JOB,

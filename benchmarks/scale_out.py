@@ -252,11 +252,34 @@ def overhead(args: argparse.Namespace, emu: RunningEmulator, job: str | None) ->
     return cost
 
 
-def main(args: argparse.Namespace) -> int:
+def local_ray(stack: ExitStack, poll_s: float) -> None:
+    """A local Ray on two CPUs (actors take fractions of one), shut down when ``stack`` closes; its workers poll every
+    ``poll_s`` under the benchmark's ceiling and read their engines directly (no Prometheus)."""
     import ray
 
-    poll_s = args.poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as live_peers.py
     temp_dir = tempfile.mkdtemp(prefix="mc-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=128 * 1024 * 1024,
+        _temp_dir=temp_dir,
+        runtime_env={
+            "env_vars": {
+                "MODEL_CONCURRENCY_POLL_S": str(poll_s),
+                "MODEL_MAX_CONCURRENCY": str(CEILING),
+                "MODEL_CONCURRENCY_PROMETHEUS_URL": "",
+            }
+        },
+    )
+    stack.callback(lambda: shutil.rmtree(temp_dir, ignore_errors=True))
+    stack.callback(ray.shutdown)
+
+
+def main(args: argparse.Namespace) -> int:
+
+    poll_s = args.poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as live_peers.py
     config = EmulatorConfig(preset="bge-m3", max_num_seqs=OLD_SEQS, time_scale=args.time_scale, simulate_frontend=False)
     rows: list[tuple[float, float, float]] = []
     job_rows: list[tuple[float, float, float, float]] = []
@@ -266,23 +289,7 @@ def main(args: argparse.Namespace) -> int:
         proxies = [CountingProxy(e.metrics_url) for e in emulators] if args.job else []
         for proxy in proxies:
             stack.callback(proxy.close)
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=128 * 1024 * 1024,
-            _temp_dir=temp_dir,
-            runtime_env={
-                "env_vars": {
-                    "MODEL_CONCURRENCY_POLL_S": str(poll_s),
-                    "MODEL_MAX_CONCURRENCY": str(CEILING),
-                    "MODEL_CONCURRENCY_PROMETHEUS_URL": "",
-                }
-            },
-        )
-        stack.callback(lambda: shutil.rmtree(temp_dir, ignore_errors=True))
-        stack.callback(ray.shutdown)
+        local_ray(stack, poll_s)
         for run in range(args.runs):
             print(f"run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
             ours = one_run(f"{args.policy} (floor {FLOOR})", emulators, args.policy, FLOOR, args, proxies)
