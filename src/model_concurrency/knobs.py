@@ -76,7 +76,7 @@ OUTAGE_HANDOVER = _knob(
 GROWTH_GUARD = _knob(
     "MODEL_CONCURRENCY_GROWTH_GUARD",
     True,
-    "cap growth that bought no completions at the knee (guard.py); off: the policy's answer unchanged",
+    "cap growth that bought no completions past the plateau point (guard.py); off: the policy's answer unchanged",
 )
 POLICY = _knob(
     "MODEL_CONCURRENCY_POLICY", "adaptive", "default policy: a built-in, a preset, a .toml path or module:Class"

@@ -1,5 +1,8 @@
 """Permits leased by one coordinator per (job, model) to the workers of a fan-out: the protocol as bookkeeping.
 
+(Over 400 lines: the whole protocol in one place, its split, invariants, renewal timing and the worker's fall-back,
+so the Ray coordinator, the Ray worker and the lab's job import one definition of each.)
+
 A fan-out over many Ray workers should behave as one client of the model: one runtime polls the engine and
 decides the job's target, and the workers share it. The :class:`LeaseBook` is that sharing, with no Ray, no I/O
 and no clock of its own (every call is told ``now``), so a Ray actor, the lab's simulator and the tests run the
