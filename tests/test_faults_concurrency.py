@@ -301,7 +301,7 @@ def test_fork_while_a_parent_thread_holds_a_module_lock(lock_name: str, changing
     holder.start()
     assert holding.wait(10)
     try:
-        code = fork_and_check(lambda: child_work("a"), limit_s=6)
+        code = fork_and_check(lambda: child_work("a"))
     finally:
         let_go.set()
         holder.join(10)
