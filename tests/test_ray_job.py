@@ -97,6 +97,11 @@ def models(emu: RunningEmulator, *, floor: int = FLOOR, metrics_url: str | None 
     return {"models": {"bge": table}}
 
 
+def gated(emu: RunningEmulator, gate: MetricsServer, job: str) -> FanOut:
+    """A fan-out of the job whose items wait at the gate until the test opens it."""
+    return FanOut(Call(emu.base_url, gate.url), model="bge", config=models(emu), job=job)
+
+
 def items(n: int, tag: str = "item") -> list[str]:
     return [f"{tag} {i}" for i in range(n)]
 
@@ -193,7 +198,7 @@ def test_workers_share_the_target_and_a_killed_workers_permits_come_back(
     ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
 ) -> None:
     job = "shares"
-    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    fan_out = gated(emulator, gate, job)
     actor_class = fan_out_actor(num_cpus=0.25)
     actors = [actor_class.remote(fan_out) for _ in range(2)]
     chunks = [items(30, "a"), items(30, "b")]
@@ -232,7 +237,7 @@ def test_a_killed_coordinator_is_replaced_and_every_item_comes_back(
     ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
 ) -> None:
     job = "phoenix"
-    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    fan_out = gated(emulator, gate, job)
     actor_class = fan_out_actor(num_cpus=0.25)
     actors = [actor_class.remote(fan_out) for _ in range(2)]
     chunks = [items(25, "a"), items(25, "b")]
@@ -280,7 +285,7 @@ def test_tasks_of_one_job_share_one_coordinator_and_leave_it_when_done(
     ray_cluster: None, emulator: RunningEmulator, gate: MetricsServer
 ) -> None:
     job = "tasks"
-    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    fan_out = gated(emulator, gate, job)
     task = fan_out_task(num_cpus=0.25)
     chunks = [items(10, "a"), items(10, "b")]
     refs = [task.remote(fan_out, chunk) for chunk in chunks]
@@ -305,7 +310,7 @@ def test_a_worker_granted_nothing_starts_nothing_until_it_has_a_share(
     second is granted 0, its share still held by the first: it must start nothing, not the one call its limiter's
     least would let through, and must still finish once the first hands permits back."""
     job = "starved"
-    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    fan_out = gated(emulator, gate, job)
     actor_class = fan_out_actor(num_cpus=0.25, runtime_env=settings(MODEL_MAX_CONCURRENCY=str(FLOOR)))
     first = actor_class.remote(fan_out)
     refs = [first.map.remote(items(8, "a"))]
@@ -363,7 +368,7 @@ def test_a_slow_coordinator_costs_throughput_never_an_item_or_a_permit(
 ) -> None:
     job = "slow"
     env = settings(SLOW_POLL_S)
-    fan_out = FanOut(Call(emulator.base_url, gate.url), model="bge", config=models(emulator), job=job)
+    fan_out = gated(emulator, gate, job)
     # Registered under the job's name before any worker asks: the workers find it as they would their own.
     named = {"name": coordinator_name(job, "bge"), "namespace": NAMESPACE, "lifetime": "detached"}
     slow = ray.remote(SlowCoordinator).options(**named, num_cpus=0, max_concurrency=16, runtime_env=env)
