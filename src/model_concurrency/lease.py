@@ -49,9 +49,8 @@ __all__ += ["add_stats", "renew_in", "renewal_due", "split"]
 # sooner (a fraction of the interval) while the split is unsettled for this worker: it just joined (others may hold
 # its share), it holds less than its share (others still hold the difference), or more than its limit (calls from
 # before a cut still run, and what ends is handed back). Seconds from the answer, so the workers' clocks need not
-# agree with the book's. Renewals are not timed to the coordinator's polls: when every worker picks up each new
-# target just after the poll, 100 jobs on one fleet keep it queued (``model-concurrency sim fleet-1000-jobs --scale
-# 0.25``: saturated 92 % of the run against 59 %, the clients' Jain index 0.53 against 0.86).
+# agree with the book's. Renewals are not timed to the coordinator's polls: a job whose workers all take each new
+# target right after the poll acts on it in one step, and jobs sharing a fleet that way keep it queued.
 
 # The sooner renewal while unsettled, as a fraction of the renewal interval.
 SOON = 0.0625
