@@ -56,8 +56,8 @@ def test_both_sides_run_and_report_finite_figures(oracle_cache: None) -> None:
         assert side.polls >= scenario.duration_s / scenario.clients.poll_s - 1
     # The schedule code is shared, but while the first ramp polls fast, how many fast polls there are follows the
     # policy's answers, and those follow what each side's engine showed at an instant (HTTP timing moves an
-    # admission by a step: 203 against 193 running seen on ramp). So within issue 10's budget of 2 polls; the
-    # regular grid alone is checked exactly below.
+    # admission by a step: 203 against 193 running seen on ramp). So within the conformance goal of 2 polls
+    # (docs/live.md, "Conformance"); the regular grid alone is checked exactly below.
     assert abs(result.lab.polls - result.live.polls) <= 2
     assert math.isfinite(result.goodput_gap) and result.goodput_gap >= 0
     line = summary_line([result])

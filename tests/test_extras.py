@@ -1,4 +1,4 @@
-"""Extras a new user installs (issue 27 item 5): ``[all]`` brings the OpenAI integration, ``[ray]`` takes a range,
+"""Extras a new user installs: ``[all]`` brings the OpenAI integration, ``[ray]`` takes a range,
 and a module whose extra is missing says which ``pip install`` fixes it."""
 
 from __future__ import annotations

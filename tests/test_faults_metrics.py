@@ -1,4 +1,4 @@
-"""Every metrics-endpoint fault of issue 7, end to end: a real hostile server on loopback, a real scrape, the
+"""Every metrics-endpoint fault in ``FAULTS``, end to end: a real hostile server on loopback, a real scrape, the
 controller's documented outcome (docs/operations.md): a failed poll, the last good target held for the grace
 polls, then the floor; exactly one WARNING per failed poll saying why; no exception to any caller; no caller
 left blocked (each call runs on a thread joined with a generous bound, never a timing assertion).

@@ -1,4 +1,4 @@
-"""``resolve_capacity`` alone (no gate, no slot) ramps on an embedding engine as on a decoder (issue 27 item 1).
+"""``resolve_capacity`` alone (no gate, no slot) ramps on an embedding engine as on a decoder.
 
 A loop sizes each batch from the hook, as the original design's example did: bge-m3 (an embedding engine, whose
 calls spend milliseconds on it and are rarely caught ``running`` at a poll) and a llama decoder.
@@ -10,8 +10,7 @@ The claim runs twice. On virtual time (the emulator's app over its engine model,
 exact on any machine: an interval holds the same calls however loaded the machine is. Over real sockets to the
 served emulator (an engine process and a front-end process) a CPU-starved client finishes fewer calls than the
 engine could, and the growth guard then rightly holds growth that bought nothing, so there the test asks only
-what no machine speed excuses: the hook leaves its floor (it used to stay at 4 for good on bge-m3). Figures at a
-larger scale: ``benchmarks/hook_ramp.py``.
+what no machine speed excuses: the hook leaves its floor. Figures at a larger scale: ``benchmarks/hook_ramp.py``.
 """
 
 from __future__ import annotations
@@ -149,7 +148,7 @@ def test_resolve_capacity_alone_leaves_its_floor_on_the_served_embedding_emulato
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Real processes and sockets: the hook alone grows past twice its floor within the polls map_concurrent is
-    given above. Before the engine-side view it stayed at 4 for good here (issue 27)."""
+    given above."""
     preset, seqs, scale, path, body, _ = ENGINES["bge-m3"]
     monkeypatch.setenv("MODEL_CONCURRENCY_POLL_S", str(WALL_POLL_S))
     monkeypatch.setenv("MODEL_MAX_CONCURRENCY", str(CEILING))

@@ -1,4 +1,4 @@
-"""One table of knobs (issue 25 item 4): the CLI prints it, docs/operations.md carries it generated, every knob is
+"""One table of knobs: the CLI prints it, docs/operations.md carries it generated, every knob is
 read through ``setting()``, and a harness passes values as overrides instead of editing ``os.environ``."""
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ History has two homes: CHANGELOG.md and the commit messages. Anywhere else a num
 13", "issue 22's generator"), an experiment's verdict ("tried and not kept"), a commit id, a branch name or the day
 some work was done leaves a reader unable to tell what holds now from what held once. This test scans every text
 file a reader meets (docs/, README.md, src/, policies/, sims/, benchmarks/, scripts/, notebooks/, examples/) and
-fails listing ``path:line: text`` for each such word.
+fails listing ``path:line: text`` for each such word. The tests (tests/*.py, this file aside, whose cases hold such
+words on purpose) are scanned for numbered project issues: a test says what it checks and why, as it holds now.
 
 Two kinds of pattern: ``ANYWHERE`` applies to every line of every scanned file (these forms are never product, even
 inside a string); ``PROSE`` applies only to prose, that is Markdown, TOML, and the comments and triple-quoted strings
@@ -44,6 +45,9 @@ ANYWHERE: list[tuple[str, re.Pattern[str]]] = [
     # Figures qualified by when they were taken rather than by what they measure.
     ("earlier figures", re.compile(r"\b(?:earlier|previous|old) figures\b", re.IGNORECASE)),
 ]
+
+# The tests are held to this one: their data may hold dates, hex words or "session" in its product sense.
+ISSUE_NUMBER = dict(ANYWHERE)["issue number"]
 
 # A short hex word with a digit and a letter in it: the shape of an abbreviated commit id.
 _HEX = r"(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}"
@@ -182,6 +186,28 @@ def test_the_scan_sees_the_docs_and_the_sources() -> None:
 )
 def test_the_patterns(line: str, flagged: bool) -> None:
     assert any(pattern.search(line) for _, pattern in ANYWHERE) is flagged
+
+
+def _test_files() -> list[Path]:
+    """The test modules and their helpers, this file aside."""
+    return sorted(path for path in (ROOT / "tests").glob("*.py") if path.name != Path(__file__).name)
+
+
+def _issue_hits(path: Path) -> list[str]:
+    relative = path.relative_to(ROOT).as_posix()
+    lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+    return [f"{relative}:{number}: {line.strip()}" for number, line in lines if ISSUE_NUMBER.search(line)]
+
+
+def test_the_test_scan_sees_the_tests_but_not_this_file() -> None:
+    files = {path.relative_to(ROOT).as_posix() for path in _test_files()}
+    assert {"tests/conftest.py", "tests/test_knobs.py"} <= files
+    assert "tests/test_process_words.py" not in files
+
+
+def test_no_issue_numbers_in_the_tests() -> None:
+    hits = [hit for path in _test_files() for hit in _issue_hits(path)]
+    assert not hits, f"{len(hits)} project issue numbers in tests (history goes to CHANGELOG.md):\n" + "\n".join(hits)
 
 
 def test_no_process_words_outside_the_changelog() -> None:

@@ -112,7 +112,7 @@ def test_plugins_without_the_declarations_get_the_documented_defaults(monkeypatc
     assert declared_grace_polls(load_policy("seed-aimd")) == 0
 
 
-# -- knobs and registration (issue 11) ------------------------------------------------------------------------------
+# -- knobs and registration ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "raw", "default"),
     [

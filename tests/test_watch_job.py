@@ -1,4 +1,4 @@
-"""``watch --job`` shows a running job's own state (issue 27 item 2).
+"""``watch --job`` shows a running job's own state.
 
 A real job: ``map_concurrent`` of embedding calls against the emulator, in a thread, publishing its metrics with
 ``MODEL_CONCURRENCY_EXPORT`` (a file, then an HTTP port). ``watch --job`` reads that page (prometheus_client's
