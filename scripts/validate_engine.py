@@ -360,7 +360,7 @@ FIGURES: list[Figure] = [
         lambda fast: _streamed(1, fast).ttft_ms,
     ),
     Figure(
-        "TTFT p50, concurrency 16 (knee), streamed client",
+        "TTFT p50, concurrency 16, streamed client",
         41.69,
         "ms",
         YOBITEL,
