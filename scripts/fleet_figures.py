@@ -1,4 +1,4 @@
-"""The fleet-scale figures of docs/scale-out.md: convergence at 1,000 clients, and fairness with and without jitter.
+"""The lab's 1,000-client figures: convergence, and fairness with and without jitter.
 
 ``converge``: runs ``sims/fleet-1000.toml`` (scaled by ``--scale``) under the default policy and judges it against
 the fleet's peak, measured as 64 × the peak of one engine of the same preset, workload and seed (the oracle's own

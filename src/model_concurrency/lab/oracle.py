@@ -19,10 +19,11 @@ A fleet of identical replicas behind a balancer is swept one replica at a time: 
 engines and its API server) under the replica's share of the background traffic and of the concurrency cap, and
 multiplies concurrencies and throughputs by the replica count (:func:`per_replica_sweeps` says when that holds). For
 ``fleet-1000`` (16 replicas × 4 engines) that is a sixteenth of the simulated requests; one engine × 64 was within
-0.4 % of the whole fleet's peak and 1 % of its knee (docs/scale-out.md). A lost replica, added engines, a background
-change or a rate limit keep the full sweep of each phase. Replicas that became unequal (engines added or removed
-while one was down) are swept one shape at a time, and the fleet's knee and peak are their sums. The stored sweep is
-what it says (one replica's, keyed like any one-replica scenario), so no cached entry changed meaning.
+0.4 % of the whole fleet's peak and 1 % of its knee (``scripts/fleet_figures.py converge``). A lost replica, added
+engines, a background change or a rate limit keep the full sweep of each phase. Replicas that became unequal
+(engines added or removed while one was down) are swept one shape at a time, and the fleet's knee and peak are their
+sums. The stored sweep is what it says (one replica's, keyed like any one-replica scenario), so no cached entry
+changed meaning.
 
 Sweeps are deterministic (fixed seeds, common random numbers across concurrency levels), so their results are
 cached on disk, keyed by everything that can change them; a scaled-down scenario reuses its full-size sweep. The

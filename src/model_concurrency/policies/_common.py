@@ -150,12 +150,12 @@ def fleet_step(step: float, obs: Observation, full_running: float, exponent: flo
 
     N clients that each add ``step`` per poll add ``N × step`` to the engine per poll interval: 1,000 clients
     adding one request every 12 s push a 16,384-sequence fleet by 1,000 a poll, so some engine is always just
-    past its limit (docs/scale-out.md). A bigger fleet serves more clients, so the step is scaled by
+    past its limit. A bigger fleet serves more clients, so the step is scaled by
     ``(full_running / running) ** exponent``: at exponent 0.5 and 1,024, 1,000 clients on that fleet add 250 a
     poll interval together (1.5 % of it), and up to 1,024 running nothing changes. Every client sharing the engine
     reads the same ``running``, so their steps stay equal, and equal steps with proportional cuts are what
     converges to equal shares (Chiu & Jain). A step scaled by the client's own share would not: increase and cut
-    both proportional keep whatever split there is (measured in docs/scale-out.md).
+    both proportional keep whatever split there is (``scripts/fleet_figures.py split``).
     """
     running = obs.running
     if exponent == 0 or running <= full_running:

@@ -22,7 +22,7 @@ Four rules, each read from the interval since the previous poll rather than from
   × kv_high / kv_usage``: blocks per sequence from usage over running) and the largest ``running`` seen with a
   queue standing that made requests wait over ``wait_s`` (the ``max_num_seqs`` or token-budget wall, windowed
   over ``window_s``; a queue nobody waited on yet is an admission in progress); when neither is known,
-  the completion knee of the controller's growth guard still caps growth that buys nothing. Our share of it is
+  the growth guard's plateau point still caps growth that buys nothing. Our share of the knee is
   ``inflight + s × (knee − running)``, ``s`` our share of the engine's load. The first ramp multiplies by
   ``start_factor`` a poll but never past ``knee_margin ×`` that bound; reaching it ends the ramp.
 
