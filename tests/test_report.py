@@ -16,6 +16,7 @@ from model_concurrency.cli.report import live_misses, read_rows
 from model_concurrency.lab.compare import write_csv
 from model_concurrency.lab.fuzz import FUZZ_COLUMNS
 from model_concurrency.lab.report import FAMILIES, MAX_WORDS, Run, build_page
+from model_concurrency.lab.scenario import bundled_scenarios
 
 BUNDLED_COMMAND = "model-concurrency compare ramp gpu-added --policies adaptive,static --out w/bundled"
 FUZZ_COMMAND = "model-concurrency fuzz --seed 41 --n 3 --policies adaptive,static --out w/fuzz"
@@ -248,3 +249,10 @@ def test_the_command_runs_the_studies_and_rebuilds_the_same_page_from_its_folder
     again = tmp_path / "again.md"
     assert main(["report", "--out", str(again), "--from", str(work)]) == 0
     assert again.read_text() == page
+
+
+def test_every_bundled_scenario_has_a_family() -> None:
+    # A scenario left out of the families lands under "Other scenarios", away from the workloads it is compared with.
+    in_families = {name for family in FAMILIES for name in family.scenarios}
+    assert set(bundled_scenarios()) - in_families == set()
+    assert in_families - set(bundled_scenarios()) == set()

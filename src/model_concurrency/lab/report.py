@@ -55,9 +55,9 @@ Independent clients, each with its own controller and no coordinator, share the 
 as goodput.
 One job: multi-client-job fleet-1000-jobs
 The same clients as jobs' workers: one runtime per job reads the engines and leases its target to them.
-Neighbours and interactive tenants: noisy-neighbor interactive-bursts interactive-bursts-2x
+Neighbours and interactive tenants: noisy-neighbor interactive-bursts interactive-bursts-2x interactive-bursts-priority
 Another tenant's traffic shares the engine: a burst to 70 % of capacity, or an interactive tenant beside batch jobs \
-with deadlines.
+with deadlines, on a first-come engine or one that schedules by priority (`-priority`).
 Rate limits: rate-limited
 A hosted endpoint's requests- and tokens-per-minute limit in front of the engine: 429 with Retry-After.
 Front end and embeddings: embed-batch embed-shared embed-shared-start front-end-bound
