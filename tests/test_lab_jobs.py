@@ -16,6 +16,7 @@ import pytest
 from model_concurrency.cli import main
 from model_concurrency.engine import Fleet
 from model_concurrency.lab import run as lab_run
+from model_concurrency.lab.client import SimClient
 from model_concurrency.lab.experiment import RunResult, run_scenario
 from model_concurrency.lab.job import SimJob, job_groups
 from model_concurrency.lab.scenario import Scenario, load_scenario, scenario_from_dict
@@ -157,6 +158,33 @@ def test_a_new_target_reaches_every_worker_within_a_renewal_interval(monkeypatch
     for at, target, workers in changed:
         told = {w for when, w, _ in grants if at <= when <= at + interval + 1e-9}
         assert told == workers, (at, target)
+
+
+def test_a_worker_granted_no_permit_starts_no_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grant of 0 (the target is split among others, or still held by workers whose share fell) closes the
+    worker's admission, as ray_job.py's does: none of its calls starts until a later grant opens it."""
+    last: dict[str, int] = {}
+    zero_grants: list[str] = []
+    started_closed: list[str] = []
+    granted, submit = SimJob._granted, SimClient._submit
+
+    def noting(job: SimJob, client: SimClient, grant: Grant) -> None:
+        last[client.name] = grant.permits
+        if grant.permits == 0:
+            zero_grants.append(client.name)
+        granted(job, client, grant)
+
+    def submitting(client: SimClient, request: Any) -> None:
+        if last.get(client.name) == 0:
+            started_closed.append(client.name)
+        submit(client, request)
+
+    monkeypatch.setattr(SimJob, "_granted", noting)
+    monkeypatch.setattr(SimClient, "_submit", submitting)
+    result = run(job_scenario())
+    assert zero_grants  # the run holds the case
+    assert started_closed == []
+    assert result.summary["goodput"] > 0  # and the workers went on once their grants opened
 
 
 @pytest.mark.parametrize(

@@ -286,6 +286,11 @@ class SimClient:
         self.poll_targets: list[float] = []
         self._dispatching = True
         self._waiting: tuple[Request, int] | None = None  # the item waiting for its slot or for a hold to pass
+        # A job's grant of 0 permits closes admission, as ray_job.py's ``_Admission`` does: items wait before they
+        # take a slot (``_stalled``: the dispatcher stopped there), and one granted a slot just then waits in it.
+        self._closed = False
+        self._stalled = False
+        self.parked: tuple[Request, int] | None = None
         self._submit_limited = getattr(target, "submit_limited", None)
         # The poll first, as production's fan-out polls when it starts, before its first item: a poll at t=0
         # sees nothing in flight yet (lab/conformance.py measures the difference the other order made).
@@ -332,6 +337,9 @@ class SimClient:
         limiter, usage, hold, retry, requests = self.limiter, self.usage, self.hold, self.retry, self.requests
         items = self.items
         while items is None or self.started < items or retry:
+            if self._closed:
+                self._stalled = True
+                return
             if hold.until > env.now:  # the Retry-After rule, as in gate/hold.py (remaining() > 0)
                 Timeout(env, hold.remaining(env.now)).callbacks.append(self._pump)
                 return
@@ -356,7 +364,24 @@ class SimClient:
     def _granted(self, _event: object) -> None:
         request, units = self._waiting  # type: ignore[misc]
         self._waiting = None
+        if self._closed:
+            self.parked = (request, units)
+            return
         if self._start(request, units):
+            self._pump()
+
+    def admit(self, permits: int | None) -> None:
+        """The job's grant in force (None: no grant, every call may start): 0 closes admission; reopening starts the
+        parked call, or the dispatcher where it stopped."""
+        was, self._closed = self._closed, permits == 0
+        if not was or self._closed:
+            return
+        parked, self.parked = self.parked, None
+        if parked is not None:
+            if self._start(*parked):
+                self._pump()
+        elif self._stalled:
+            self._stalled = False
             self._pump()
 
     def _start(self, request: Request, units: int) -> bool:

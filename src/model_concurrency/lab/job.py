@@ -170,7 +170,7 @@ class SimJob:
                     client.name,
                     self._demand(client),
                     now=env.now,
-                    unused=max(0, grant.held - limits.inflight()),
+                    unused=max(0, grant.held - self._running(client)),
                     unused_tokens=max(0, grant.held_tokens - limits.units()),
                     report=report,
                 )
@@ -185,12 +185,17 @@ class SimJob:
             client.name,
             self._demand(client),
             now=self.env.now,
-            inflight=limits.inflight(),
+            inflight=self._running(client),
             inflight_tokens=limits.units(),
             config=self.config,
         )
         self._granted(client, grant)
         return grant
+
+    @staticmethod
+    def _running(client: SimClient) -> int:
+        """Its calls in flight; one parked by a grant of 0 is not one (ray_job.py counts the same)."""
+        return client.runtime.limits.inflight() - (client.parked is not None)
 
     def _granted(self, client: SimClient, grant: Grant) -> None:
         assert self._limits is not None
@@ -198,6 +203,7 @@ class SimJob:
         client.poll_times.append(self.env.now)
         client.poll_targets.append(grant.permits)
         client.runtime.lease(LeaseView(self.name, grant.permits, grant.tokens, grant.job_target))
+        client.admit(grant.permits)
 
 
 def jobs_for(
