@@ -1,8 +1,8 @@
 """The CLI's HTTP client: the public :class:`~model_concurrency.integrations.client.ShardedAsyncClient`.
 
-``ShardedClient`` here is the old private name (an async client, unlike the public blocking
-:class:`~model_concurrency.integrations.client.ShardedClient`); ``connections`` and ``timeout`` keep their old
-defaults.
+``ShardedClient`` here is an alias kept for callers of this private module (``benchmarks/mixed.py``): an async
+client, unlike the public blocking :class:`~model_concurrency.integrations.client.ShardedClient`, with the CLI's
+``connections`` and ``timeout`` defaults.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ PRESET_ALIASES: dict[str, str] = {"llama-8b-h100": "llama-8b-h100-80gb", "llama-
 
 
 def get_preset(name: str) -> EnginePreset:
-    """The preset called ``name`` (or one of :data:`PRESET_ALIASES`, the names used before GPUs were named)."""
+    """The preset called ``name``, or one of :data:`PRESET_ALIASES`: short names without the card's memory, kept
+    for configs that use them."""
     try:
         return PRESETS[PRESET_ALIASES.get(name, name)]
     except KeyError:

@@ -1,7 +1,7 @@
 """One worker-thread pool per model that grows with demand and shrinks when threads sit idle.
 
-Why not ``ThreadPoolExecutor``: its threads never exit until shutdown, and the old gate made one per capacity
-value, so a worker whose target moved kept every pool it had ever made. Here a job is only submitted while its
+Why not ``ThreadPoolExecutor``: its threads never exit until shutdown, so a gate that made one per capacity value
+would keep every pool a worker whose target moved had ever made. Here a job is only submitted while its
 caller holds a slot of the model's limiter, so the number of busy threads is bounded by the model's in-flight
 count (the target); an idle thread waits ``idle_timeout_s`` for another job and then exits. Idle threads are
 reused last-in-first-out, so after a shrink the surplus ones are the ones left to time out.

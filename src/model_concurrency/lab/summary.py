@@ -7,9 +7,8 @@ decides; the summary puts goodput next to queue time, saturation and stability. 
 * ``goodput_ratio``: ``goodput / oracle_goodput``;
 * ``time_to_90pct_s``: from the last capacity change (or t=0) until the 10 s throughput first reaches 90 % of the
   oracle's settled throughput in that last phase (None if never). The window is shorter than a poll (12 s) on
-  purpose: a trailing window of ``w`` seconds alone takes ``0.9 × w`` to report a step, so with the former 30 s
-  window every policy, even one that reacted instantly, scored at least 27 s and "a third of seed-aimd's 68 s"
-  was out of reach of any policy;
+  purpose: a trailing window of ``w`` seconds alone takes ``0.9 × w`` to report a step, so a 30 s window would
+  score every policy, even one that reacted instantly, at 27 s or more;
 * ``oracle_time_to_90pct_s``: the oracle's own figure on the same definition: what measurement and the engine's
   own ramp cost a client that knew the change in advance (the floor of ``time_to_90pct_s``);
 * ``saturated_fraction``: share of trace samples with capacity-waiting requests;

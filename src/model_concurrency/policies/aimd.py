@@ -1,4 +1,4 @@
-"""AIMD: additive increase, multiplicative decrease on capacity-waiting (the default before ``adaptive``).
+"""AIMD: additive increase, multiplicative decrease on capacity-waiting (a baseline; the default is ``adaptive``).
 
 Additive-increase/multiplicative-decrease converges to an efficient and fair share when every client sees the
 same binary congestion signal (Chiu & Jain, 1989). Here the signal is vLLM's capacity-waiting gauge: requests
