@@ -1,4 +1,4 @@
-"""The adaptive core: a graded cut, growth paced by turnover, and an explicit knee.
+"""The adaptive core: a graded cut, growth paced by turnover, and an explicit wall.
 
 Four rules, each read from the interval since the previous poll rather than from one instant
 (``Observation.started`` / ``queue_waits``, signals/interval.py):
@@ -17,14 +17,15 @@ Four rules, each read from the interval since the previous poll rather than from
   slowly, and every client of one engine (same round trip) takes the same absolute step. Below a level that was
   verified (``W``, after the fail-safe's floor; our share of the wall, when a neighbour or a tenant left room)
   the target closes ``restore_gain`` of the gap a poll instead.
-  Growth is capped where KV usage would reach ``kv_high``, and where the knee puts our share.
-* **The knee** (``knee``): the engine's concurrency limit in sequences, the smaller of the KV cache's (``running
-  × kv_high / kv_usage``: blocks per sequence from usage over running) and the largest ``running`` seen with a
-  queue standing that made requests wait over ``wait_s`` (the ``max_num_seqs`` or token-budget wall, windowed
-  over ``window_s``; a queue nobody waited on yet is an admission in progress); when neither is known,
-  the growth guard's plateau point still caps growth that buys nothing. Our share of the knee is
-  ``inflight + s × (knee − running)``, ``s`` our share of the engine's load. The first ramp multiplies by
-  ``start_factor`` a poll but never past ``knee_margin ×`` that bound; reaching it ends the ramp.
+  Growth is capped where KV usage would reach ``kv_high``.
+* **The engine's limit** (:meth:`AdaptiveCore.knee`), in sequences, two ways: the KV cache's bound (``running ×
+  kv_high / kv_usage``: blocks per sequence from usage over running) and the **wall**, the largest ``running``
+  seen with a queue standing that made requests wait over ``wait_s`` (the ``max_num_seqs`` or token-budget wall,
+  windowed over ``window_s``; a queue nobody waited on yet is an admission in progress); when neither is known,
+  the growth guard's plateau point still caps growth that buys nothing. Our share of a limit ``L`` is
+  ``inflight + s × (L − running)``, ``s`` our share of the engine's load. While no wall is known the first ramp
+  multiplies by ``start_factor`` a poll but never past ``knee_margin ×`` our share of the KV bound; reaching it
+  ends the ramp.
 
 Wrappers keep their own parameters: the token budget (``TokenSide``), the growth guard and the outage
 hand-over (controller). Changes of the KV block count (engines added or lost) rescale ``T``, ``W`` and the
@@ -74,7 +75,7 @@ PARAMETERS = (
 
 @dataclass(slots=True)
 class AdaptiveCore(PolicyBase):
-    """Graded cut, turnover-paced growth, an explicit knee (module docstring).
+    """Graded cut, turnover-paced growth, an explicit wall (module docstring).
 
     Parameters:
         wait_s: a request that waited longer than this in the engine's queue marks the interval (default 0.5 s;
@@ -85,13 +86,13 @@ class AdaptiveCore(PolicyBase):
         step: the additive increase per round trip of our calls (default 1, > 0).
         max_step: one poll's additive increase is at most this fraction of the target (default 0.25, > 0): a
             one-step (embedding) engine turns over hundreds of times in a 12 s poll.
-        restore_gain: far below our share of the knee, the fraction of the gap closed per poll (default 0.5, in
+        restore_gain: far below our share of the wall, the fraction of the gap closed per poll (default 0.5, in
             (0, 1]).
         near_full: grow only when the interval's peak in flight reached ``near_full × T`` (default 0.8).
         kv_high: the KV usage at which the cache counts as full (default 0.92, in (0, 1]).
-        knee_margin: the first ramp goes at most this far past our share of the knee (default 1.1, >= 1).
+        knee_margin: the first ramp goes at most this far past our share of the KV bound (default 1.1, >= 1).
         rescale_threshold: a relative change of the KV block count taken as engines added or lost (default 0.1).
-        window_s: seconds a "running while queued" knee sample stays valid (default 600).
+        window_s: seconds a "running while queued" wall sample stays valid (default 600).
         idle_s: seconds of nothing in flight after which everything learnt is forgotten (default 120).
     """
 

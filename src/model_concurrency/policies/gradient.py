@@ -1,4 +1,4 @@
-"""Gradient: find the knee of completions per second against concurrency, then hold the latency it had.
+"""Gradient: find where completions per second stop rising with concurrency, then hold the latency there.
 
 For endpoints with no ``/metrics`` (hosted APIs, gateways, a closed metrics port) the only signals are the
 client's own: how many calls finished, how long they took, and whether the server pushed back (429/503).
@@ -7,14 +7,14 @@ Why not Gradient2 or Vegas as published: both compare latency with a no-load bas
 Vegas and Envoy's adaptive-concurrency filter the minimum RTT, re-sampled by periodically dropping concurrency,
 as BBR's probe-RTT does). On a batching engine latency rises with the batch long before anything queues (an
 H100 decode step at 256 sequences is about 3 × the single-stream one), so a minimum-RTT rule with a 25 % buffer
-stops far below the knee, and a long EWMA follows the rise and never cuts. What does mark the knee is BBR's
-full-pipe signal: a doubling of concurrency that no longer buys completions. So:
+stops far below the knee, and a long EWMA follows the rise and never cuts. What does mark the turning point is
+BBR's full-pipe signal: a doubling of concurrency that no longer buys completions. So:
 
 * **startup**: double per poll while a doubling raised this process's completions per second by at least
   ``startup_exit`` (BBR's full-pipe test, on client counts only) and latency by less than
   ``startup_latency_exit``; with calls long against the poll, judged on the second interval after a doubling.
-  The first doubling that did not went past the knee: go back to the level before it (BBR's drain) and take that
-  level's mean latency × ``tolerance`` as the **setpoint**, the latency the engine shows at its knee. It is a
+  The first doubling that did not went past the **turning point**: go back to the level before it (BBR's drain)
+  and take that level's mean latency × ``tolerance`` as the **setpoint**, the latency the engine shows there. It is a
   property of the engine and the workload, not of how many engines serve it, so it survives replicas added or
   lost and other tenants' load;
 * **steady state**: ``next = target × clamp(setpoint / latency, min_gradient, max_growth)``, with ``latency``
@@ -60,12 +60,12 @@ class _Sample:
 
 @dataclass(slots=True)
 class Gradient(PolicyBase):
-    """Double to the knee of completions per second, then hold the latency the knee had.
+    """Double to the turning point of completions per second, then hold the latency it had.
 
     Parameters:
-        tolerance: the setpoint as a multiple of the knee's latency (default 1.1: near the knee completions per
-            second rise slowly with concurrency, so a little above the last level that paid is still goodput;
-            1.0 gave 0.88-0.89 of the oracle on noisy-neighbor and replica-lost; 1.2 and 1.5 queue more).
+        tolerance: the setpoint as a multiple of the turning point's latency (default 1.1: near it completions
+            per second rise slowly with concurrency, so a little above the last level that paid is still goodput;
+            1.0 loses goodput on noisy-neighbor and replica-lost; 1.2 and 1.5 queue more).
         min_gradient: the largest cut per poll (default 0.5, in (0, 1]).
         max_growth: the largest growth per poll (default 2.0, >= 1).
         app_limited: no growth while peak in flight ``< app_limited × target`` (default 0.5, as Gradient2).
@@ -75,11 +75,11 @@ class Gradient(PolicyBase):
         startup_exit: a doubling must raise completions per second by this factor to continue (default 1.1:
             on ``ramp`` the doubling 128 → 256 buys 12 %, and 256 is the knee).
         startup_latency_exit: a doubling that raised the mean latency by this factor or more went past the
-            knee, whatever the completions said (default 1.7; latency is shared by every client of the engine,
+            turning point, whatever the completions said (default 1.7; latency is shared by every client of the engine,
             so this is what ends startup when several clients ramp at once).
         queue_tolerance: an estimated queue of this fraction of the service time or more means the level is past
-            the knee: startup ends, and in steady state the setpoint drops to the service time (default 0.5; the
-            estimate, from the fastest call of each poll, is noisy, so only a clear queue counts).
+            the turning point: startup ends, and in steady state the setpoint drops to the service time (default
+            0.5; the estimate, from the fastest call of each poll, is noisy, so only a clear queue counts).
         settle: during startup, when the mean latency exceeds this fraction of the poll interval, a doubling is
             judged on the second interval after it, not the first (default 0.25; 0 never waits).
         min_calls: completions a poll needs before its rate and latency are trusted (default 10).
