@@ -10,9 +10,10 @@ it, one snapshot of the engine per poll for the whole job, and takes back expire
 Each client is a worker as ray_job.py runs one: it requests a grant before its first item, with the calls it
 already runs; it renews when its grant says (:func:`~model_concurrency.lease.renewal_due`: once per renewal
 interval, sooner while its split is unsettled) with its demand (its items left, at most the job's ceiling), the
-permits it does not use and its calls since the last renewal; and its own runtime's limiter follows the grant
-(:meth:`~model_concurrency.runtime.ModelRuntime.lease`). Nothing here decides, splits or times, so the lab
-measures the rule that ships.
+permits it does not use and its calls since the last renewal; its own runtime's limiter follows the grant
+(:meth:`~model_concurrency.runtime.ModelRuntime.lease`), and a grant of 0 holds its items before they start
+(:meth:`~model_concurrency.lab.client.SimClient.admit`, as ray_job.py's admission). Nothing here decides, splits or
+times, so the lab measures the rule that ships.
 
 A job's floor and ceiling are its clients' summed (``floor × clients``), so a scenario run as a job and run as
 independent clients start at the same total and may reach the same total: the two runs differ in the rule alone.
