@@ -289,11 +289,12 @@ class ControllerCore:
         ``factor`` replaces ``throttle_cut`` for one cut (a gentler cut on a queue-TTL expiry: gate/outcome.py).
 
         Between polls the target is otherwise fixed, so a window far above what the server allows would meet
-        every freed slot with another refused call (a poll's worth of them: 13,000 on ``rate-limited``). Cut at
-        each refusal, the window shrinks geometrically with the refusals instead of one slot per refusal, until the
-        poll's throttle cap (:meth:`GrowthGuard.bound`) sizes it from the rate the server allowed. 0.9 against
-        1.0 on ``rate-limited`` (seeds 61-64): throttled after the first minute 0.08-0.11 % against 0-1.1 %
-        (adaptive), 0.9-1.0 % against 1.8-3.2 % (gradient); docs/results.md. Off with the guard.
+        every freed slot with another refused call (a poll's worth of them). Cut at each refusal, the window
+        shrinks geometrically with the refusals instead of one slot per refusal, until the poll's throttle cap
+        (:meth:`GrowthGuard.bound`) sizes it from the rate the server allowed. The cut is 0.9, not 1.0: a window
+        of exactly the calls in flight when the server refused is one the server has just refused, and leaves more
+        calls throttled after the first minute (``model-concurrency compare rate-limited --policies
+        adaptive,gradient``, ``throttled_fraction_after_60s``). Off with the guard.
         """
         if self.guard.enabled:
             before = self.target

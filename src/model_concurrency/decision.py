@@ -11,7 +11,7 @@ it is: the ``-v`` log line, ``get_utilization(...)["limited_by"]`` and ``["last_
 * ``guard``: the growth guard capped growth that bought no completions, or the target is held through a metrics
   outage (the grace polls, then the guard's hand-over);
 * ``saturation``: the policy held or cut because the engine is full (requests waiting for capacity, preemptions,
-  or the policy's own judgement of the knee: latency, queue time);
+  or the policy's own estimate of the knee: latency, queue time);
 * ``stated-limit``: the policy held or cut while the engines ran every sequence slot their operator or page
   states (``Observation.limits.max_num_seqs``) with nothing waiting for capacity: more of our calls could only
   queue;
@@ -60,7 +60,8 @@ MEANINGS: dict[str, str] = {
     "ceiling": "the policy asked for at least the ceiling (MODEL_MAX_CONCURRENCY)",
     "guard": "the growth guard capped growth that bought no completions, or the target is held through a "
     "metrics outage",
-    "saturation": "the engine is full (requests waiting for capacity, preemptions, or the policy's knee)",
+    "saturation": "the engine is full (requests waiting for capacity, preemptions, or the policy's estimate of "
+    "the knee)",
     "app-limited": "this process did not fill the window it had",
     "throttled": "calls came back 429/503; the target is cut to, or capped at, what the server allowed",
     "floor": "the fail-safe: metrics lost and this process's own calls in trouble",

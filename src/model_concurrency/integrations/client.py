@@ -2,16 +2,16 @@
 
 Why: httpcore's connection pool walks every connection and every queued request on each request and each
 release, so one pool of N connections costs O(N) CPU per call. Past about a hundred calls in flight the caller's
-CPU, not the server, sets the throughput: 128 closed-loop callers on one shared pool got 0.40× what the same
-callers got with a connection each (docs/live.md). A fan-out that the controller sizes to the engine then sees an
+CPU, not the server, sets the throughput (``benchmarks/client.py`` measures one shared pool against this
+client and against the server's ceiling). A fan-out that the controller sizes to the engine then sees an
 engine that is never full, at exactly the targets this package exists to reach.
 
 :class:`ShardedAsyncTransport` spreads the connections over small pools (``per_shard`` each; 1 by default, i.e.
 a connection per concurrent call) and sends each request to the pool freed last that has room, so the per-call
 cost stays flat in the fan-out and a light load keeps reusing the same few warm connections. A request holds its pool's
 place until its response is closed, so a long stream never shares a pool that looks free. Every pool shares one
-SSL context: building one loads the CA bundle (about 0.1 s of CPU on the shared development machine), which is
-also why 512 callers that each built their own ``httpx.AsyncClient`` completed nothing in their first 10 s.
+SSL context: building one loads the CA bundle on the event loop, which is also why hundreds of callers that each
+build their own ``httpx.AsyncClient`` complete nothing for their first seconds.
 
 :class:`ShardedAsyncClient` is an ``httpx.AsyncClient`` on that transport: ``get``/``post``/``request``/``stream``,
 ``base_url``, ``headers``, ``timeout``, ``aclose`` and ``async with`` are httpx's own, and the OpenAI SDK takes it

@@ -84,14 +84,15 @@ class AdaptiveNeighbour:
             headroom`` of its capacity full (default 0.25, in [0, 1); 0 switches it off).
         memory_s: how long after an onset the headroom is kept (default 600 s).
         cut_in_ramp: cut for an onset during our own first ramp too (default True): a burst that meets the
-            batch's first ramp is protected (``interactive-bursts-2x``: its first burst's requests over 0.1 s,
-            1,123 under adaptive, 290 with this; docs/neighbour.md). False would spare fellow clients that start
-            with us, whose doublings on an engine that has just queued read as onsets, but measured no fairer
-            (``multi-client``: Jain 0.76 against 0.77).
+            batch's first ramp is protected (``interactive-bursts-2x``'s first burst). False would spare fellow
+            clients that start with us, whose doublings on an engine that has just queued read as onsets, but
+            splits ``multi-client`` less evenly (Jain 0.61 against 0.84: ``model-concurrency compare multi-client
+            --policies adaptive-neighbour,P``, ``P`` a preset of this policy with ``cut_in_ramp = false``).
         queue_share: the engine's capacity (the fill line's base) is known from its first queue of at least this
             share of its running requests (default 0.02, >= 0): one request caught between two steps queues
-            for a moment on an engine far from full (94 of 256 in ``multi-client``), and a fill line drawn
-            there had fellow clients' ramps read as onsets (goodput 0.978 -> 0.995 of the oracle's; docs/neighbour.md).
+            for a moment on an engine far from full, and a fill line drawn there has fellow clients' ramps read
+            as onsets. 0 splits ``multi-client`` less evenly (Jain 0.70 against 0.84) at more goodput (0.984
+            against 0.968 of the oracle's), measured as for ``cut_in_ramp`` with ``queue_share = 0``.
         adaptive: parameters of the wrapped ``adaptive`` policy (a preset's ``[adaptive]`` table); None: its
             defaults.
     """
