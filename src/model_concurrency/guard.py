@@ -279,20 +279,20 @@ class GrowthGuard:
 
         A fleet filling up slows every step (bigger batches) whoever grows, and the policy reads that from the
         engine's gauges; the guard is for a bottleneck in front of the engine, where ``running`` stays flat while
-        our concurrency grows. On ``fleet-1000`` the cap fired on ~50 clients whose doubling 8 -> 16 met the
+        our concurrency grows. On ``fleet-1000`` the cap fired on clients whose first doublings met the
         filling fleet's slower steps (``running`` up by thousands), and their policies then kept the cap as their
         share. Not any rise: where our growth is a fair part of the engine's (``multi-client``, 4 clients on one
-        engine), the cap is also what stops a ramp's overshoot (at "half our growth" Jain went 0.79 -> 0.60 and p99
-        queue 0.17 -> 2.1 s there). Without engine signals ``running`` reads 0 and this is never true.
+        engine), the cap is also what stops a ramp's overshoot (at "half our growth" its Jain and its p99 queue
+        both worsen there). Without engine signals ``running`` reads 0 and this is never true.
 
         Alone on the engine (our concurrency at least ``alone_share`` of its ``running`` at both polls) the question
         the guard asks can be answered directly: did our growth reach the engine? If ``running`` rose by at least
         ``reached_share`` of it, the bottleneck is the engine, whose queue and KV cache the policy reads; a rate
         that stopped rising there is the engine's own curve flattening, or the noise of a few dozen calls a poll
         (a rate's sampling error at 50 calls is ~14 %, the plateau's tolerance 5 %). Judged as growth that bought
-        nothing, it cut single clients of long prompts far below the knee: ``fuzz-41-0135`` 97 -> 64 at KV usage
-        0.20 (0.68 of the oracle's goodput; 0.92 with this rule). Beside others our rate is theirs to move too,
-        and the cap keeps its part in a shared ramp (generator seeds 41 and 43: Jain unchanged)."""
+        nothing, it cut single clients of long prompts far below the knee at a KV usage far from full (``fuzz-41-0135``,
+        ``model-concurrency fuzz --seed 41``). Beside others our rate is theirs to move too, and the cap keeps its
+        part in a shared ramp."""
         grew = sample.concurrency - knee.concurrency
         if grew <= 0:
             return False

@@ -56,9 +56,8 @@ __all__ = [
 # A longer Retry-After is capped here: a hold of minutes would look like a hang, and the next 429 extends it.
 MAX_RETRY_AFTER_S = 120.0
 # The backoff on refusals that repeat at the floor (AdmissionHold.note): each accepted call shrinks the factor by
-# this, so refusals settle near ln(1 / 0.999) / ln 2 = 0.14 % of accepted calls. On the 11 generator draws that
-# repeat refusals, the share refused after the first minute was 2-77 % with 0.99 (and a factor of at most 64),
-# 0.6-35 % with 0.995 (256), 0.2-15 % with 0.999 (1024).
+# this, so refusals settle near ln(1 / 0.999) / ln 2 = 0.14 % of accepted calls; a faster decay leaves many more
+# calls refused after the first minute on the generator's draws that repeat refusals (``model-concurrency fuzz``).
 HOLD_DECAY = 0.999
 # The most the factor grows, 2^10: for floors many times what the limit admits (15 clients of floor 12 beside a
 # limit of 15 calls a second).

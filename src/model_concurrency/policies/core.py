@@ -53,7 +53,7 @@ __all__ = ["AdaptiveCore"]
 ADMITTING_SHARE = 0.5
 # "Alone on the engine": our share of its load at least this. Only then does the first ramp ask for the faster
 # polls: clients that start together stay equal only while they double at the same cadence, and the jittered fast
-# polls let whoever polled first take the engine (``adaptive`` measured ``multi-client`` Jain 0.90 -> 0.78).
+# polls let whoever polled first take the engine.
 ALONE_SHARE = 0.9
 
 # The tunable parameters, in the order docs/policies.md explains them (test_policies_core counts them: <= 12).
@@ -256,7 +256,7 @@ class AdaptiveCore(PolicyBase):
 
     def _grow(self, target: float, obs: Observation) -> float:
         """Half the gap to a level that was verified (``W``, our share of the wall), multiplicative toward the KV
-        knee while no wall is known, and a step per round trip at the wall."""
+        bound while no wall is known, and a step per round trip at the wall."""
         wall, by_kv = self.knee(obs)
         at_wall, kv_bound = self.share_of(obs, wall), self.share_of(obs, by_kv)
         goal = max(self.good or 0.0, at_wall if wall is not None else 0.0)
@@ -266,12 +266,12 @@ class AdaptiveCore(PolicyBase):
             self.rule = f"restore toward {goal:.1f}"
             return max(target, min(target + self.restore_gain * (goal - target), kv_bound))
         if wall is None:
-            # No wall met yet: the KV cache is the only knee, an upper bound; the first ramp doubles toward it, later
-            # probes grow by ``max_step`` a poll (the wall may sit anywhere below it).
+            # No wall met yet: the KV cache's bound is the only limit known, an upper one; the first ramp doubles
+            # toward it, later probes grow by ``max_step`` a poll (the wall may sit anywhere below it).
             factor = self.start_factor if self.ramping else 1 + self.max_step
             grown = min(target * factor, self.knee_margin * kv_bound)
             if self.ramping and grown < target * factor:
-                self.good = grown  # the KV knee is reached: the ramp ends here
+                self.good = grown  # the KV bound is reached: the ramp ends here
             self.rule = f"{'ramp' if self.ramping else 'probe'}: kv bound {kv_bound:.1f}"
             return max(target, grown)
         increase = min(self.step * max(1.0, self.turnover(obs)), self.max_step * target)

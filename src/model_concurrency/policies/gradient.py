@@ -73,7 +73,7 @@ class Gradient(PolicyBase):
         slow_start_factor: growth per poll during startup (default 2.0, >= 1; 1 skips startup, and the first
             poll's latency becomes the setpoint).
         startup_exit: a doubling must raise completions per second by this factor to continue (default 1.1:
-            on ``ramp`` the doubling 128 → 256 buys 12 %, and 256 is the knee).
+            on ``ramp`` the doubling 128 → 256 buys little, 256 being the first doubling past the knee).
         startup_latency_exit: a doubling that raised the mean latency by this factor or more went past the
             turning point, whatever the completions said (default 1.7; latency is shared by every client of the engine,
             so this is what ends startup when several clients ramp at once).

@@ -173,7 +173,7 @@ class AdaptiveNeighbour:
         whoever grows beside us finds free slots, and the rises there are mostly fellow clients ramping."""
         if previous is None or self.capacity is None or self.inner.one_step:
             # A one-step (pooling) engine has no first token to protect, and its clients poll about once a
-            # step, far faster than the seconds these rules hold for (embed-shared: goodput 0.98 -> 0.31).
+            # step, far faster than the seconds these rules hold for (``embed-shared`` loses most of its goodput).
             return None
         if obs.running + obs.waiting < (1 - self.headroom) * self.capacity:
             return None

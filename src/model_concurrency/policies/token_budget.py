@@ -83,7 +83,7 @@ class TokenSide:
     too while our tokens in flight reach ``near_full`` of the budget and the engine runs fewer sequences than
     it has ever run: the engine then waits for KV blocks the budget handed out, not for sequence slots, and a cut
     of the request count only starves the short requests once the long ones finish (the lab's ``heavy-tail``:
-    the count fell from 120 to 11 on every burst of long prompts, 0.86 of the oracle's goodput). At the most
+    the count collapsed on every burst of long prompts). At the most
     sequences ever seen running, waiting is the sequence limit's, and the count rule cuts as it always did.
     Without weighted calls in flight, or without a budget, the view is the observation itself."""
 
