@@ -1,7 +1,8 @@
 """Exact-value tests of the adaptive policy's stated-limits rule on growth: with the engines' sequence slots stated
 (``Observation.limits.max_num_seqs``, summed over engines), our in-flight grows to at most ours plus our share of
 the free slots, ``inflight + share x (limit - running - waiting)``, two batches of the limit on a one-step engine;
-the first ramp's KV jump goes no further. (Which queues it cuts on: test_policies_adaptive_waits.py.)"""
+the first ramp's KV jump goes no further. Beside peers after the first ramp the additive step alone goes past it,
+so that shares even out. (Which queues it cuts on: test_policies_adaptive_waits.py.)"""
 
 from __future__ import annotations
 
@@ -53,6 +54,24 @@ def test_growth_is_capped_at_our_share_of_the_free_stated_slots() -> None:
     assert Adaptive(without=("stated-limits",)).next_target(10, poll(10, running=40, limit=64)) == 20
     # No free slot: the target holds (never a cut for it).
     assert Adaptive().next_target(10, poll(10, running=64, limit=64)) == 10
+
+
+def test_beside_peers_after_the_first_ramp_the_additive_step_goes_past_our_share() -> None:
+    # Our first cut beside peers (10 of 74 in the engine, all 64 stated slots running, 10 waiting for capacity) ends
+    # the first ramp: 0.9 x 10 x 64 / 74 = 7.78, remembered as W 8.65.
+    p = Adaptive()
+    full = Observation(running=64, waiting=10, waiting_capacity=10, inflight=10, limits=EngineLimits(max_num_seqs=64))
+    assert p.next_target(10, full) == pytest.approx(0.9 * 640 / 74)
+    assert not p.ramping and not p.alone
+    # Then 8 of 63 running: our share of the slots is 8 + 8 / 63 x 1 = 8.13, and the step still goes to 9; a client
+    # that took more than its share on the first ramp is held by its own share bound meanwhile, so shares even out.
+    assert p.next_target(8, poll(8, running=63, limit=64, time=12.0)) == 9
+    # One step only, never the slow-start band's jump (to 0.9 x W = 7.78) past the bound.
+    assert p.next_target(4, poll(4, running=63, limit=64, time=24.0)) == 5
+    # With the stated-limits rule off the band jumps; nobody's share bound holds anything.
+    q = Adaptive(without=("stated-limits",))
+    q.next_target(10, full)
+    assert q.next_target(4, poll(4, running=63, limit=64, time=12.0)) == pytest.approx(0.9 * 640 / 74)
 
 
 def test_alone_at_the_stated_limit_no_probe_goes_past_it() -> None:
@@ -126,7 +145,8 @@ def test_a_decoder_never_grows_past_its_share_of_the_free_stated_slots(
     limit: int, start: float, polls: list[dict[str, float]]
 ) -> None:
     """Whatever the engine reports (no KV block count: no rescale), an answer above the target stays within
-    ``inflight + share x (limit - running - waiting)``."""
+    ``inflight + share x (limit - running - waiting)``, or one additive step above the target beside peers after
+    the first ramp."""
     p = Adaptive()
     target = start
     for i, f in enumerate(polls):
@@ -147,5 +167,6 @@ def test_a_decoder_never_grows_past_its_share_of_the_free_stated_slots(
         bound = inflight + own_share(obs) * max(0.0, limit - running - waiting)
         answer = p.next_target(target, obs)
         assert math.isfinite(answer) and answer >= 0
-        assert answer <= max(target, bound) * (1 + 1e-12)
+        past = target + p.increase_step if not (p.ramping or p.alone) else target
+        assert answer <= max(past, bound) * (1 + 1e-12)
         target = max(1.0, answer)

@@ -20,7 +20,8 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
 * **probe**: above the goal, steps that double each clean poll alone on the engine (beside peers, who all probe,
   they stay one step).
 
-With a stated sequence limit, growth stops at our share of it. One-step (pooling) engines keep a second batch
+With a stated sequence limit, growth stops at our share of it (beside peers after the first ramp, only
+the additive step goes past). One-step (pooling) engines keep a second batch
 queued, and their knee is two batches. ``without`` switches rules off by name (:data:`RULES`): how the ablation
 measures what each one earns (docs/policies.md, "The default").
 """
@@ -238,7 +239,12 @@ class Adaptive:
         if app_limited(obs, target, self.near_full):
             self.startup_rate = self.startup_load = None  # an application-limited poll says nothing
             return target
-        return min(self._grow(target, obs, rate), max(target, self.stated_bound(obs)))
+        grown, bound = self._grow(target, obs, rate), self.stated_bound(obs)
+        if grown > bound and not self.ramping and not self.alone:
+            # Beside peers the bound is our share of the slots, which keeps whatever split the first ramp left; the
+            # additive step goes on past it, so equal steps and proportional cuts even the shares out (Chiu & Jain).
+            return max(target, min(grown, target + self.increase_step))
+        return min(grown, max(target, bound))
 
     def _fresh_capacity(self, obs: Observation, target: float, ramp_sample: bool) -> float | None:
         """The capacity estimate, cleared when the engine runs more than it ever did while saturated: its limit
