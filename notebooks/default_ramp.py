@@ -100,7 +100,8 @@ for name, scenario in SCENARIOS.items():
 # * **slow start to the goal**: far below `W` (under 0.85 × it), ×2 a poll back to 0.9 × `W`.
 # * **additive increase**: below `W`, +1 a poll: the same absolute step for every client, so shares converge.
 # * **probe**: at or above `W`, a step that doubles each clean poll alone on the engine (1, 2, 4, ...).
-# * **stated limit**: with `max_num_seqs` stated, growth stops at our share of the engines' sequence slots.
+# * **stated limit**: with `max_num_seqs` stated, growth stops at our share of the engines' sequence slots (beside
+#   peers after the first ramp, only the additive step goes past it).
 
 
 # %%
