@@ -278,7 +278,6 @@ def local_ray(stack: ExitStack, poll_s: float) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
     poll_s = args.poll_s = 0.0125 / args.time_scale  # one poll per ~12.5 ms of emulated time, as live_peers.py
     config = EmulatorConfig(preset="bge-m3", max_num_seqs=OLD_SEQS, time_scale=args.time_scale, simulate_frontend=False)
     rows: list[tuple[float, float, float]] = []

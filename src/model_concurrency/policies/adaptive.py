@@ -20,10 +20,10 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
 * **probe**: above the goal, steps that double each clean poll alone on the engine (beside peers, who all probe,
   they stay one step).
 
-With a stated sequence limit, growth stops at our share of it (beside peers after the first ramp, only
-the additive step goes past). One-step (pooling) engines keep a second batch
-queued, and their knee is two batches. ``without`` switches rules off by name (:data:`RULES`): how the ablation
-measures what each one earns (docs/policies.md, "The default").
+With a stated sequence limit, growth stops at our share of it (beside peers after the first ramp, only the
+additive step goes past). One-step (pooling) engines keep a second batch queued, and their knee is two batches.
+``without`` switches rules off by name (:data:`RULES`): how the ablation measures what each one earns
+(docs/policies.md, "The default").
 """
 
 from __future__ import annotations
