@@ -160,6 +160,37 @@ def test_a_new_target_reaches_every_worker_within_a_renewal_interval(monkeypatch
         assert told == workers, (at, target)
 
 
+def test_a_first_ramp_step_reaches_every_worker_before_the_jobs_next_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the job's runtime polls sooner than a renewal interval (its first ramp), each worker renews just after
+    each poll, so the step a ramp poll took is in every worker's hands before the next poll judges it: the job
+    leaves its floor at its first ramp poll, as one client would."""
+    polls: list[tuple[float, int, float]] = []  # when, the target, seconds to the next poll
+    grants: list[tuple[float, str, int]] = []
+    set_target, renew = LeaseBook.set_target, LeaseBook.renew
+
+    def noting(book: LeaseBook, *args: Any, **kwargs: Any) -> None:
+        set_target(book, *args, **kwargs)
+        polls.append((kwargs["now"], book.target, kwargs["decide_in"]))
+
+    def renewing(book: LeaseBook, *args: Any, **kwargs: Any) -> Grant:
+        grant = renew(book, *args, **kwargs)
+        grants.append((kwargs["now"], grant.worker, grant.job_target))
+        return grant
+
+    monkeypatch.setattr(LeaseBook, "set_target", noting)
+    monkeypatch.setattr(LeaseBook, "renew", renewing)
+    scenario = job_scenario()
+    run(scenario)
+    ramp = [(at, target, gap) for at, target, gap in polls if 0 < gap < scenario.clients.poll_s]
+    assert len(ramp) >= 2 and ramp[0][0] < scenario.clients.poll_s  # the job's first ramp polls fast
+    workers = {w for _, w, _ in grants}
+    assert len(workers) == scenario.clients.count
+    for at, target, gap in ramp:
+        told = {w for when, w, named in grants if at <= when <= at + gap and named == target}
+        assert told == workers, (at, target)
+    assert ramp[1][1] > 4 * scenario.clients.count  # the step left the floor
+
+
 def test_a_worker_granted_no_permit_starts_no_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """A grant of 0 (the target is split among others, or still held by workers whose share fell) closes the
     worker's admission, as ray_job.py's does: none of its calls starts until a later grant opens it."""

@@ -247,6 +247,25 @@ def test_a_renewal_comes_once_an_interval_sooner_while_unsettled_never_later_tha
     assert renewal_due(g, sent_at=10.0, answered_at=19.0) == 10.0 + INTERVAL
 
 
+def test_while_the_coordinator_polls_sooner_than_a_renewal_the_renewal_follows_its_next_poll() -> None:
+    gap = 1.5  # a first ramp's poll gap, under the 12 s interval
+    assert renew_in(INTERVAL, unsettled=False, decide_in=gap) == gap * (1 + SOON)
+    assert renew_in(INTERVAL, unsettled=True, decide_in=gap) == SOON_S  # already sooner: unchanged
+    assert renew_in(INTERVAL, unsettled=False, decide_in=INTERVAL) == INTERVAL  # regular polls: the interval
+    assert renew_in(INTERVAL, unsettled=False, decide_in=0.0) == INTERVAL  # a poll overdue: nothing to wait for
+    assert renew_in(INTERVAL, unsettled=False, decide_in=-3.0) == INTERVAL
+    book = make_book(10)
+    book.set_target(10, now=0.0)
+    book.request("a", 10, now=0.0)
+    assert book.renew("a", 10, now=1.0).renew_in_s == INTERVAL  # the next poll's time unknown
+    book.set_target(10, now=2.0, decide_in=gap)
+    assert book.renew("a", 10, now=2.5).renew_in_s == pytest.approx((2.0 + gap - 2.5) * (1 + SOON))
+    book.set_target(10, now=4.0, decide_in=INTERVAL)
+    assert book.renew("a", 10, now=4.0).renew_in_s == INTERVAL
+    with pytest.raises(ValueError, match="decide_in must be a finite number"):
+        book.set_target(10, now=5.0, decide_in=float("nan"))
+
+
 def test_a_worker_joining_a_full_target_has_its_share_after_short_renewals_not_an_interval() -> None:
     """The first worker to ask takes the whole target; the next one's share comes back to it as the first one's
     calls end, a short renewal at a time (before: at the first one's renewal, a whole interval after it joined)."""

@@ -49,8 +49,12 @@ __all__ += ["add_stats", "renew_in", "renewal_due", "split"]
 # sooner (a fraction of the interval) while the split is unsettled for this worker: it just joined (others may hold
 # its share), it holds less than its share (others still hold the difference), or more than its limit (calls from
 # before a cut still run, and what ends is handed back). Seconds from the answer, so the workers' clocks need not
-# agree with the book's. Renewals are not timed to the coordinator's polls: a job whose workers all take each new
-# target right after the poll acts on it in one step, and jobs sharing a fleet that way keep it queued.
+# agree with the book's. Renewals are not timed to the coordinator's regular polls: a job whose workers all take
+# each new target right after the poll acts on it in one step, and jobs sharing a fleet that way keep it queued.
+# Only while the coordinator decides sooner than a renewal interval (its first ramp polls every few round trips)
+# is a renewal due just after its next decision (:func:`renew_in`'s ``decide_in``): a ramp's step that reached the
+# workers an interval late would leave the job at its floor while its policy reads the unused target as
+# application-limited and holds.
 
 # The sooner renewal while unsettled, as a fraction of the renewal interval.
 SOON = 0.0625
@@ -154,10 +158,14 @@ def split(target: int, demands: Mapping[str, int], weights: Mapping[str, float] 
     return shares
 
 
-def renew_in(interval: float, *, unsettled: bool) -> float:
+def renew_in(interval: float, *, unsettled: bool, decide_in: float | None = None) -> float:
     """Seconds from the answer until a worker renews: the renewal interval (half the lease), a fraction of it while
-    ``unsettled``."""
-    return SOON * interval if unsettled else interval
+    ``unsettled``; and no later than just after the coordinator's next decision when that is ``decide_in`` seconds
+    away and sooner than the renewal (a fraction ``SOON`` of the gap after it, so the renewal reads the new target)."""
+    due = SOON * interval if unsettled else interval
+    if decide_in is not None and 0 < decide_in * (1 + SOON) < due:
+        return decide_in * (1 + SOON)
+    return due
 
 
 def renewal_due(grant: Grant, *, sent_at: float, answered_at: float) -> float:
@@ -228,6 +236,7 @@ class LeaseBook:
         self._tokens = _Pool(None)  # a token budget comes with a poll
         self._workers: dict[str, _Worker] = {}
         self._stats, self._tokens_used = CallStats(), 0
+        self._decide_at: float | None = None  # the coordinator's next poll, on the book's clock; None: unknown
 
     # -- what the coordinator reads ----------------------------------------------------------------------------
     @property
@@ -352,10 +361,15 @@ class LeaseBook:
         self._resplit()
         return lapsed
 
-    def set_target(self, requests: int, tokens: int | None = None, *, now: float) -> None:
+    def set_target(
+        self, requests: int, tokens: int | None = None, *, now: float, decide_in: float | None = None
+    ) -> None:
         """The job's target from the coordinator's runtime, every poll. Nothing is recalled: shares change at once,
-        holdings as workers renew (I2). ``now`` keeps the protocol's call shape."""
-        del now
+        holdings as workers renew (I2). ``decide_in``: seconds to the coordinator's next poll (None: unknown), which
+        times the renewals while it polls faster than they come (:func:`renew_in`)."""
+        if decide_in is not None and not math.isfinite(decide_in):
+            raise ValueError(f"decide_in must be a finite number of seconds, got {decide_in!r}")
+        self._decide_at = None if decide_in is None else now + decide_in
         self._permits.target = _whole(requests, 0, "requests")
         self._tokens.target = _maybe(tokens, "tokens")
         self._resplit()
@@ -395,7 +409,8 @@ class LeaseBook:
         unsettled = joined or held != permits or permits < share
         if tokens is not None:
             unsettled = unsettled or held_tokens != tokens or tokens < self._tokens.shares[worker]
-        due = renew_in(self.lease_s / 2, unsettled=unsettled)
+        decide_in = None if self._decide_at is None else self._decide_at - now
+        due = renew_in(self.lease_s / 2, unsettled=unsettled, decide_in=decide_in)
         job = self.target, self._tokens.target
         return Grant(worker, permits, held, share, tokens, held_tokens, state.deadline, self.lease_s, *job, due)
 

@@ -226,7 +226,10 @@ class JobCoordinator:
             runtime.core.begin_poll(self.clock())
         with self._lock:
             self.polls += 1
-            self.book.set_target(runtime.current(), runtime.current_budget(), now=self.clock())
+            now = self.clock()
+            self.book.set_target(
+                runtime.current(), runtime.current_budget(), now=now, decide_in=runtime.core.next_poll_at - now
+            )
             self.limits.note()
 
     def _read(self) -> Any:

@@ -130,7 +130,9 @@ class SimJob:
             self.poll_times.append(env.now)
             self.poll_targets.append(runtime.poll_with(self._read, "metrics unavailable"))
             self.polls += 1
-            book.set_target(runtime.current(), runtime.current_budget(), now=env.now)
+            book.set_target(
+                runtime.current(), runtime.current_budget(), now=env.now, decide_in=runtime.core.next_poll_at - env.now
+            )
             limits.note()
             yield env.timeout(max(0.0, runtime.core.next_poll_at - env.now))
 
