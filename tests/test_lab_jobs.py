@@ -98,6 +98,22 @@ def test_jobs_named_per_client_and_an_independent_client(built_jobs: list[SimJob
     assert all(c.completions[-1] > 0 for c in result.trace.clients)
 
 
+def test_beside_other_processes_each_job_first_polls_at_its_own_phase(built_jobs: list[SimJob]) -> None:
+    """Coordinators are separate processes: beside another job or an independent client, a job's first poll comes
+    at a moment of its first poll interval, as an independent client's does; a job alone polls at once."""
+    scenario = job_scenario(job=["a", "a", "b", "b"])
+    run(scenario)
+    firsts = [job.poll_times[0] for job in built_jobs]
+    assert len(firsts) == 2 and all(0 < t < scenario.clients.poll_s for t in firsts)
+    assert firsts[0] != firsts[1]
+    built_jobs.clear()
+    run(job_scenario(job=["a", "a", "a", ""]))
+    assert 0 < built_jobs[0].poll_times[0] < scenario.clients.poll_s  # beside an independent client
+    built_jobs.clear()
+    run(job_scenario())
+    assert built_jobs[0].poll_times[0] == 0.0
+
+
 def test_grants_stay_within_the_target_plus_what_drains(monkeypatch: pytest.MonkeyPatch) -> None:
     """After every request or renewal the permits out (the sum of what the workers hold) are at most the target,
     or what was out before the call when that was more: a cut drains as calls end, and no grant adds to it."""
@@ -154,6 +170,7 @@ def test_a_new_target_reaches_every_worker_within_a_renewal_interval(monkeypatch
     run(scenario)
     interval = scenario.clients.poll_s  # the lease is two polls, a renewal interval one
     changed = [poll for poll, before in zip(polls[1:], polls[:-1], strict=True) if poll[1] != before[1]]
+    changed = [poll for poll in changed if poll[0] + interval <= scenario.duration_s]  # an interval left to run
     assert len(changed) > 5
     for at, target, workers in changed:
         told = {w for when, w, _ in grants if at <= when <= at + interval + 1e-9}
@@ -164,7 +181,7 @@ def test_a_first_ramp_step_reaches_every_worker_before_the_jobs_next_poll(monkey
     """While the job's runtime polls sooner than a renewal interval (its first ramp), each worker renews just after
     each poll, so the step a ramp poll took is in every worker's hands before the next poll judges it: the job
     leaves its floor at its first ramp poll, as one client would."""
-    polls: list[tuple[float, int, float]] = []  # when, the target, seconds to the next poll
+    polls: list[tuple[float, int, float | None]] = []  # when, the target, seconds to the next fast poll
     grants: list[tuple[float, str, int]] = []
     set_target, renew = LeaseBook.set_target, LeaseBook.renew
 
@@ -181,11 +198,14 @@ def test_a_first_ramp_step_reaches_every_worker_before_the_jobs_next_poll(monkey
     monkeypatch.setattr(LeaseBook, "renew", renewing)
     scenario = job_scenario()
     run(scenario)
-    ramp = [(at, target, gap) for at, target, gap in polls if 0 < gap < scenario.clients.poll_s]
+    ramp = [(at, target, gap) for at, target, gap in polls if gap is not None]
     assert len(ramp) >= 2 and ramp[0][0] < scenario.clients.poll_s  # the job's first ramp polls fast
+    assert len(ramp) < len(polls) / 2  # and only it: the regular polls leave the renewals on their interval
+    assert all(gap < scenario.clients.poll_s / 2 for _, _, gap in ramp)
     workers = {w for _, w, _ in grants}
     assert len(workers) == scenario.clients.count
     for at, target, gap in ramp:
+        assert gap is not None
         told = {w for when, w, named in grants if at <= when <= at + gap and named == target}
         assert told == workers, (at, target)
     assert ramp[1][1] > 4 * scenario.clients.count  # the step left the floor

@@ -164,6 +164,11 @@ class ControllerCore:
         self.next_poll_at = now + self.poll_interval_s
 
     @property
+    def polling_fast(self) -> bool:
+        """The next poll is one of the first ramp's faster ones (``ramp_poll_interval_s``), not the regular grid's."""
+        return self._regular_due is not None
+
+    @property
     def ramp_poll_interval_s(self) -> float:
         """The interval between polls while the policy ramps (the full one when the divisor is 1 or less)."""
         return self.poll_interval_s / max(1.0, self.ramp_poll_divisor)

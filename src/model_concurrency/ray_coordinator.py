@@ -33,6 +33,7 @@ __all__ = [
     "JobCoordinator",
     "coordinator",
     "coordinator_name",
+    "decide_in",
     "job_name",
     "lease_config_for",
     "lease_seconds",
@@ -70,6 +71,14 @@ def lease_config_for(spec: ModelSpec) -> LeaseConfig:
 def lease_seconds() -> float:
     """Two poll intervals: a worker renews every half of it, so one late renewal never costs its grant."""
     return max(2 * float(setting(*config.POLL_S)), MIN_LEASE_S)
+
+
+def decide_in(runtime: ModelRuntime, now: float) -> float | None:
+    """Seconds to the job runtime's next poll while its first ramp polls faster than the workers renew, else None:
+    what ``LeaseBook.set_target`` times the renewals by (lease.py). Only then: renewals timed to every poll would
+    have every job sharing a fleet act on each target in one step, keeping the fleet queued."""
+    core = runtime.core
+    return core.next_poll_at - now if core.polling_fast else None
 
 
 class Configurable(Protocol):
@@ -228,7 +237,7 @@ class JobCoordinator:
             self.polls += 1
             now = self.clock()
             self.book.set_target(
-                runtime.current(), runtime.current_budget(), now=now, decide_in=runtime.core.next_poll_at - now
+                runtime.current(), runtime.current_budget(), now=now, decide_in=decide_in(runtime, now)
             )
             self.limits.note()
 

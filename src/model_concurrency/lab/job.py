@@ -37,7 +37,7 @@ from model_concurrency.lease import Grant, LeaseBook, LeaseConfig, UnknownWorker
 from model_concurrency.lease_runtime import BookCalls, BookLimits
 from model_concurrency.observation import EngineSnapshot
 from model_concurrency.policies.base import Policy, uses_engine_signals
-from model_concurrency.ray_coordinator import MIN_LEASE_S
+from model_concurrency.ray_coordinator import MIN_LEASE_S, decide_in
 from model_concurrency.runtime import LeaseView, ModelRuntime
 from model_concurrency.signals.interval import IntervalMeter
 
@@ -70,8 +70,10 @@ class SimJob:
         floor: int,
         ceiling: int,
         jitter_rng: np.random.Generator | None = None,
+        first_poll_s: float = 0.0,
     ) -> None:
         self.env, self.name, self.policy, self.jitter_rng = env, name, policy, jitter_rng
+        self.first_poll_s = first_poll_s
         self.config = LeaseConfig(floor=floor, ceiling=ceiling, policy=type(policy).__name__)
         self.runtime: ModelRuntime | None = None  # built with the first worker, from the knobs its runtime runs
         self.book: LeaseBook | None = None
@@ -97,7 +99,8 @@ class SimJob:
     # -- the coordinator -----------------------------------------------------------------------------------
     def _start(self, first: SimClient) -> None:
         """The job's runtime on the first worker's clock and knobs (every worker runs the same ones), and its poll
-        process, which runs before the first worker's request, as the actor's poll thread starts when it is built."""
+        process, which polls before the first worker's request, as the actor's poll thread starts when it is built
+        (beside other processes, at its first poll's phase: :func:`jobs_for`)."""
         env, settings = self.env, first.runtime.settings
         assert settings is not None  # a lab client's knobs are fixed
         lease_s = max(2 * settings.poll_s, MIN_LEASE_S)
@@ -124,6 +127,8 @@ class SimJob:
     def _poll(self) -> Generator[Any, Any, None]:
         env, runtime, book, limits = self.env, self.runtime, self.book, self._limits
         assert runtime is not None and book is not None and limits is not None
+        if self.first_poll_s > 0:
+            yield env.timeout(self.first_poll_s)
         while True:
             book.expire(env.now)
             limits.note()
@@ -131,7 +136,7 @@ class SimJob:
             self.poll_targets.append(runtime.poll_with(self._read, "metrics unavailable"))
             self.polls += 1
             book.set_target(
-                runtime.current(), runtime.current_budget(), now=env.now, decide_in=runtime.core.next_poll_at - env.now
+                runtime.current(), runtime.current_budget(), now=env.now, decide_in=decide_in(runtime, env.now)
             )
             limits.note()
             yield env.timeout(max(0.0, runtime.core.next_poll_at - env.now))
@@ -213,9 +218,16 @@ def jobs_for(
     env: simpy.Environment, clients: Clients, policy_factory: Callable[[], Policy], seed: int
 ) -> dict[int, SimJob]:
     """The job each client of a job belongs to, by client index: one :class:`SimJob` per name, its floor and
-    ceiling its clients' summed, its poll jitter drawn from a stream of its own (the scenario's seed)."""
+    ceiling its clients' summed, its poll jitter drawn from a stream of its own (the scenario's seed).
+
+    Beside other processes that poll (other jobs, independent clients), a job's first poll comes at a moment drawn
+    in its first poll interval, as each independent client's does (lab/run.py): coordinators are separate
+    processes too, and 100 of them polling in lock-step at the start would act on every ramp step together."""
+    groups = job_groups(clients)
+    alone = len(groups) + clients.count - sum(len(members) for members in groups.values()) <= 1
     by_client: dict[int, SimJob] = {}
-    for number, (name, members) in enumerate(job_groups(clients).items()):
+    for number, (name, members) in enumerate(groups.items()):
+        phase = np.random.default_rng([seed, number, 3]).uniform(0, clients.poll_s)
         job = SimJob(
             env,
             name,
@@ -223,6 +235,7 @@ def jobs_for(
             floor=clients.floor * len(members),
             ceiling=clients.ceiling * len(members),
             jitter_rng=np.random.default_rng([seed, number, 2]),
+            first_poll_s=0.0 if alone else float(phase),
         )
         by_client.update(dict.fromkeys(members, job))
     return by_client
