@@ -148,65 +148,62 @@ def test_grants_stay_within_the_target_plus_what_drains(monkeypatch: pytest.Monk
     assert ledger.expired == 0  # every worker renewed in time
 
 
-def test_a_new_target_reaches_every_worker_within_a_renewal_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Within one renewal interval (half the lease, one poll interval here) after a poll that changed the target,
-    every worker of the job renews, so its next grant names that target (or a later poll's)."""
-    polls: list[tuple[float, int, set[str]]] = []  # when, the target, the workers the book held then
-    grants: list[tuple[float, str, int]] = []  # when, to whom, the job's target it named
+@dataclasses.dataclass
+class BookLog:
+    """What a job's lease book was told at each poll, and what each renewal granted."""
+
+    polls: list[tuple[float, int, set[str], float | None]]  # when, the target, the workers held, decide_in
+    grants: list[tuple[float, str, int]]  # when, to whom, the job's target it named
+
+
+@pytest.fixture
+def book_log(monkeypatch: pytest.MonkeyPatch) -> BookLog:
+    log = BookLog([], [])
     set_target, renew = LeaseBook.set_target, LeaseBook.renew
 
     def noting(book: LeaseBook, *args: Any, **kwargs: Any) -> None:
         set_target(book, *args, **kwargs)
-        polls.append((kwargs["now"], book.target, set(book.shares())))
+        log.polls.append((kwargs["now"], book.target, set(book.shares()), kwargs.get("decide_in")))
 
     def renewing(book: LeaseBook, *args: Any, **kwargs: Any) -> Grant:
         grant = renew(book, *args, **kwargs)
-        grants.append((kwargs["now"], grant.worker, grant.job_target))
+        log.grants.append((kwargs["now"], grant.worker, grant.job_target))
         return grant
 
     monkeypatch.setattr(LeaseBook, "set_target", noting)
     monkeypatch.setattr(LeaseBook, "renew", renewing)
+    return log
+
+
+def test_a_new_target_reaches_every_worker_within_a_renewal_interval(book_log: BookLog) -> None:
+    """Within one renewal interval (half the lease, one poll interval here) after a poll that changed the target,
+    every worker of the job renews, so its next grant names that target (or a later poll's)."""
     scenario = job_scenario()
     run(scenario)
+    polls = book_log.polls
     interval = scenario.clients.poll_s  # the lease is two polls, a renewal interval one
     changed = [poll for poll, before in zip(polls[1:], polls[:-1], strict=True) if poll[1] != before[1]]
     changed = [poll for poll in changed if poll[0] + interval <= scenario.duration_s]  # an interval left to run
     assert len(changed) > 5
-    for at, target, workers in changed:
-        told = {w for when, w, _ in grants if at <= when <= at + interval + 1e-9}
+    for at, target, workers, _ in changed:
+        told = {w for when, w, _ in book_log.grants if at <= when <= at + interval + 1e-9}
         assert told == workers, (at, target)
 
 
-def test_a_first_ramp_step_reaches_every_worker_before_the_jobs_next_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_first_ramp_step_reaches_every_worker_before_the_jobs_next_poll(book_log: BookLog) -> None:
     """While the job's runtime polls sooner than a renewal interval (its first ramp), each worker renews just after
     each poll, so the step a ramp poll took is in every worker's hands before the next poll judges it: the job
     leaves its floor at its first ramp poll, as one client would."""
-    polls: list[tuple[float, int, float | None]] = []  # when, the target, seconds to the next fast poll
-    grants: list[tuple[float, str, int]] = []
-    set_target, renew = LeaseBook.set_target, LeaseBook.renew
-
-    def noting(book: LeaseBook, *args: Any, **kwargs: Any) -> None:
-        set_target(book, *args, **kwargs)
-        polls.append((kwargs["now"], book.target, kwargs["decide_in"]))
-
-    def renewing(book: LeaseBook, *args: Any, **kwargs: Any) -> Grant:
-        grant = renew(book, *args, **kwargs)
-        grants.append((kwargs["now"], grant.worker, grant.job_target))
-        return grant
-
-    monkeypatch.setattr(LeaseBook, "set_target", noting)
-    monkeypatch.setattr(LeaseBook, "renew", renewing)
     scenario = job_scenario()
     run(scenario)
-    ramp = [(at, target, gap) for at, target, gap in polls if gap is not None]
+    ramp = [(at, target, gap) for at, target, _, gap in book_log.polls if gap is not None]
     assert len(ramp) >= 2 and ramp[0][0] < scenario.clients.poll_s  # the job's first ramp polls fast
-    assert len(ramp) < len(polls) / 2  # and only it: the regular polls leave the renewals on their interval
+    assert len(ramp) < len(book_log.polls) / 2  # and only it: the regular polls leave the renewals on their interval
     assert all(gap < scenario.clients.poll_s / 2 for _, _, gap in ramp)
-    workers = {w for _, w, _ in grants}
+    workers = {w for _, w, _ in book_log.grants}
     assert len(workers) == scenario.clients.count
     for at, target, gap in ramp:
-        assert gap is not None
-        told = {w for when, w, named in grants if at <= when <= at + gap and named == target}
+        told = {w for when, w, named in book_log.grants if at <= when <= at + gap and named == target}
         assert told == workers, (at, target)
     assert ramp[1][1] > 4 * scenario.clients.count  # the step left the floor
 
