@@ -58,8 +58,9 @@ WARMUP_S = 60.0
 MEASURE_S = 180.0
 # Bump when the engine model or the sweep change meaning (2: sweeps hold the KV pool's budget).
 _VERSION = 2
-# The oracle's cached run also depends on the lab's clients (3: they poll on the jittered schedule).
-_RUN_VERSION = 3
+# The oracle's cached run also depends on the lab's clients and engine model (3: they poll on the jittered
+# schedule; 4: the 0.2.0 engine and clients, whose runs differ from those cached under 3).
+_RUN_VERSION = 4
 
 
 def cache_dir() -> Path:
