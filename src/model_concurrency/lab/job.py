@@ -227,7 +227,6 @@ def jobs_for(
     alone = len(groups) + clients.count - sum(len(members) for members in groups.values()) <= 1
     by_client: dict[int, SimJob] = {}
     for number, (name, members) in enumerate(groups.items()):
-        phase = np.random.default_rng([seed, number, 3]).uniform(0, clients.poll_s)
         job = SimJob(
             env,
             name,
@@ -235,7 +234,7 @@ def jobs_for(
             floor=clients.floor * len(members),
             ceiling=clients.ceiling * len(members),
             jitter_rng=np.random.default_rng([seed, number, 2]),
-            first_poll_s=0.0 if alone else float(phase),
+            first_poll_s=0.0 if alone else float(np.random.default_rng([seed, number, 3]).uniform(0, clients.poll_s)),
         )
         by_client.update(dict.fromkeys(members, job))
     return by_client
