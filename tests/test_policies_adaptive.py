@@ -182,6 +182,20 @@ def test_application_limited_holds_and_an_idle_spell_forgets_nothing() -> None:
     assert p.next_target(200, full(200, time=1012.0)) == pytest.approx(0.9 * 256)
 
 
+@pytest.mark.parametrize("target", [2.9, 3.9, 1.6])
+def test_a_fractional_target_whose_whole_window_is_in_use_is_not_application_limited(target: float) -> None:
+    # The limiter opens the target's whole part: 2.9 admits 2 calls, and 2 in flight is all of it. Read against
+    # 0.8 × 2.9 = 2.32 the window would look unused and the target would hold there for good.
+    p = Adaptive()
+    p.next_target(300, saturated(300, running=256, time=0.0))  # W = 256: the target is far below it
+    window = int(target)
+    grown = p.next_target(target, Observation(running=200, inflight=window, inflight_peak=window, time=12.0))
+    assert grown == pytest.approx(2 * target)  # the slow-start band's doubling
+    # One call short of the window is short of it.
+    held = Observation(running=200, inflight=window - 1, inflight_peak=window - 1, time=24.0)
+    assert p.next_target(target, held) == target
+
+
 @pytest.mark.parametrize(
     "bad",
     [

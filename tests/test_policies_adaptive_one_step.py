@@ -311,6 +311,9 @@ def test_beside_a_peer_a_one_step_client_holds_its_share_of_two_batches() -> Non
     assert policy.next_target(58.0, poll(58, 50, completed=64, calls=32, time=2.0)) == 59.0
     assert policy.next_target(64.0, poll(64, 64, completed=64, calls=32, time=3.0)) == 0.9 * 64
     assert policy.next_target(58.0, poll(58, 50, completed=64, calls=32, time=4.0)) == 59.0
+    # One step short of the knee, the step is whole: 63.5 → 64.5, not held at 64. A client whose share of the
+    # knee is small reaches its next whole call this way, where a cap at the knee would hold it where it is.
+    assert policy.next_target(63.5, poll(63, 50, completed=64, calls=32, time=5.0)) == 64.5
     # Alone (every completion ours) the same engine's knee is two whole batches, and 64 is far below it.
     alone = Adaptive()
     alone.next_target(100.0, poll(100, 64, 136, completed=64, time=0.0))

@@ -49,20 +49,60 @@ def test_nothing_weighted_in_flight_gives_our_share_of_the_pool() -> None:
 
 
 def test_alone_the_budget_is_in_flight_times_kv_high_over_usage() -> None:
-    rule = TokenBudget(kv_high=0.9, overcommit=2.0)
+    rule = TokenBudget(kv_high=0.9, overcommit=2.0, steps=False)
     # weights overstate by half (usage 0.3 of the pool for 60 000 units): room in units is twice the room in KV
     assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.3)) == pytest.approx(60_000 * 0.9 / 0.3)
     # over kv_high: a trim in proportion to the overshoot
     assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.95)) == pytest.approx(60_000 * 0.9 / 0.95)
 
 
-def test_the_budget_stays_between_its_floor_and_the_pool() -> None:
-    rule = TokenBudget()  # overcommit 1: never more than the pool
-    assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.3)) == POOL
-    assert rule.budget(obs(inflight_tokens=1_000, kv_cache_usage=1.0, running=10.0)) == pytest.approx(0.05 * POOL)
+def test_beside_others_the_steps_add_one_call_and_cut_by_the_decrease() -> None:
+    rule = TokenBudget(kv_high=0.9, overcommit=4.0)
+
+    def beside(usage: float) -> float | None:  # half the engine's load is ours: 10 calls of 20 running
+        return rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=usage, running=20.0))
+
+    # Far under kv_high the room is the larger step: as without the steps (our half of the room, in our units).
+    assert beside(0.3) == pytest.approx(60_000 * 0.9 / 0.3)
+    # From where a cut lands (0.9 × kv_high) to kv_high: one call of ours (6 000 units, 60 000 over 10 calls).
+    assert beside(0.85) == pytest.approx(66_000) and beside(0.9) == pytest.approx(66_000)
+    # Over it: 0.9 × what we hold, where the proportional trim would give back only 5 %.
+    assert beside(0.95) == pytest.approx(54_000)
+    # Alone on the engine there is nobody to even out with: the proportional rule, both ways.
+    assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.85)) == pytest.approx(60_000 * 0.9 / 0.85)
+    assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.95)) == pytest.approx(60_000 * 0.9 / 0.95)
 
 
-@pytest.mark.parametrize("bad", [{"kv_high": 0.0}, {"overcommit": math.inf}, {"min_fraction": 0.0}])
+def test_two_clients_on_one_cache_even_out_under_the_steps() -> None:
+    # Two clients hold 30 and 6 calls of 100 units on a pool of 4 000 tokens the calls fill as they weigh; each
+    # poll, each client's budget becomes what it holds (both always have the calls to fill it).
+    def split(steps: bool) -> tuple[float, float]:
+        rule, held = TokenBudget(kv_high=0.9, steps=steps), [3_000.0, 600.0]
+        for _ in range(100):
+            usage, running = sum(held) / 4_000, sum(held) / 100
+            held = [
+                rule.budget(
+                    obs(
+                        kv_tokens=4_000,
+                        inflight=round(h / 100),
+                        running=running,
+                        inflight_tokens=h,
+                        kv_cache_usage=usage,
+                    )
+                )
+                or 0.0
+                for h in held
+            ]
+        return min(held) / max(held), sum(held) / 4_000
+
+    assert split(steps=False) == pytest.approx((0.2, 0.9))  # proportional both ways: the 5 : 1 split stays
+    evened, usage = split(steps=True)  # equal steps up, proportional cuts down: it evens out
+    assert evened > 0.95 and 0.9 * 0.9 * 0.9 <= usage <= 0.9 + 2 * 100 / 4_000
+
+
+@pytest.mark.parametrize(
+    "bad", [{"kv_high": 0.0}, {"overcommit": math.inf}, {"min_fraction": 0.0}, {"decrease": 1.0}, {"decrease": 0.0}]
+)
 def test_bad_parameters_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         TokenBudget(**bad)

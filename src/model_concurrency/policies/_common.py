@@ -7,6 +7,7 @@ increase to everybody's total (flaw 1 of the original controller, docs/policies.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -25,13 +26,15 @@ __all__ = [
 
 
 def app_limited(obs: Observation, target: float, near_full: float) -> bool:
-    """True when this process did not use its window during the interval: peak in-flight ``< near_full × target``.
+    """True when this process did not use its window during the interval: peak in-flight ``< near_full × window``.
 
-    The peak, not the in-flight count at the poll: a window that was full at any moment since the previous poll
-    counts as used. Read at an instant, a poll taken just after a call finished sees ``target - 1`` and, with a
-    small target (4 × 0.8 = 3.2), would hold forever.
+    The window is what the limiter opened, the target's whole part: a target of 2.9 admits 2 calls, and 2 in
+    flight fill it, where ``0.8 × 2.9`` would call them short of it and hold the target there for good. The peak,
+    not the in-flight count at the poll: a window that was full at any moment since the previous poll counts as
+    used. Read at an instant, a poll taken just after a call finished sees ``target - 1`` and, with a small
+    target (4 × 0.8 = 3.2), would hold forever.
     """
-    return obs.inflight_peak < near_full * target
+    return obs.inflight_peak < near_full * max(math.floor(target), 1)
 
 
 @dataclass(slots=True)

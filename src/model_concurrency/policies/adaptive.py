@@ -53,6 +53,7 @@ RULES = frozenset({"capacity-samples", "inferred-saturation", "engine-full-exit"
     "one-step",
     "probe",
     "stated-limits",
+    "token-steps",
 }
 # Beside a peer on a one-step engine, growth toward the knee restores from under this share of it.
 KNEE_RESTORE = 0.75
@@ -141,7 +142,13 @@ class Adaptive:
         self.without = tuple(self.without)
         self.off = frozenset(self.without)
         self.samples = deque(maxlen=self.window_polls)
-        self.tokens = TokenSide(TokenBudget(overcommit=self.token_overcommit), self.near_full)
+        rule = TokenBudget(
+            overcommit=self.token_overcommit,
+            decrease=self.decrease_factor,
+            steps=self.on("token-steps"),
+            alone_share=self.jump_share,
+        )
+        self.tokens = TokenSide(rule, self.near_full)
 
     def on(self, rule: str) -> bool:
         return rule not in self.off
@@ -337,13 +344,15 @@ class Adaptive:
             return first_ramp.grow(self, target, obs, rate)
         knee = self._one_step_knee(obs)
         if knee is not None and target >= max(self.cut_to, KNEE_RESTORE * knee):
-            # Beside a peer on a one-step engine whose knee is known: no probe past our share of it, and a cut at
-            # it before a queue shows; every client reads the same total there, so the cuts come together.
+            # Beside a peer on a one-step engine whose knee is known: the additive step (never a probe), and a cut
+            # once at our share of it, before a queue shows. Each client's share of the knee is in proportion to
+            # what it runs, so every client reaches its own when the total passes the knee and the cuts come
+            # together; the step is not capped at the knee, which would hold every client at the split it has.
             self.probes = 0
             if target >= knee:
                 self.cut_to = self.decrease_factor * target
                 return self.cut_to
-            return min(target + self.increase_step, knee)
+            return target + self.increase_step
         if target < self.slow_start_below * goal and not self._own_band(target, goal):
             self.probes = 0
             grown = max(target * self.slow_start_factor, target + self.increase_step)

@@ -63,6 +63,7 @@ ADAPTIVE_RULES = (
     _without("probe", "", "above the goal, probe steps double each clean poll"),
     _without("one-step", "", "one-step (pooling) engines: a pipelined batch, their knee, growth once calls return"),
     _without("stated-limits", "", "a stated sequence limit bounds growth; a queue below it is no wall"),
+    _without("token-steps", "", "the token budget climbs by one call and cuts by decrease_factor over kv_high"),
 )
 
 #: Rule tables by the policy class's name; any other policy is ablated by its on/off switches (``switch_rule``).

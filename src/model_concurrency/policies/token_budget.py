@@ -12,10 +12,20 @@ summed over engines (``Observation.kv_tokens``, ``C``). Two gauges calibrate it 
   it cuts in proportion to the overshoot. Alone on the engine it reduces to ``U × kv_high / u``, the Prime-RL
   rollout controller's escape from the KV-thrash spiral (in flight × target usage / usage).
 
-The budget never exceeds ``overcommit × s × C``: with weights that really are upper bounds and ``overcommit`` 1,
-what we admit fits the cache even if every request reached its longest, so the engine never preempts on our
-account. It is never below the largest single request the pool holds (``C / engines`` is not known per engine,
-so ``min_fraction × C``): a request larger than the budget still runs, alone (the limiter's rule).
+Both of these scale what each client holds, so clients sharing a cache would keep whatever split they reached
+(multiplicative steps both ways never converge; Chiu & Jain). With ``steps`` on and others on the engine, the
+budget moves as the request count does: over ``kv_high`` it falls to at most ``decrease`` × what we hold, the
+larger client giving back more; from there (usage at or over ``decrease × kv_high``) up to ``kv_high`` it grows
+by one call of ours (our mean weight in flight), the same step for every client; further below, it fills the
+room as above, or by that one call if more. A shared cache then splits evenly, as the request count does on a
+shared engine. Alone (our share of the engine's load at least ``alone_share``) there is nobody to even out with,
+and the proportional trim keeps the cache fullest.
+
+The budget never exceeds ``overcommit × s × C`` but by that one call: with weights that really are upper bounds
+and ``overcommit`` 1, what we admit fits the cache even if every request reached its longest, so the engine never
+preempts on our account. It is never below the largest single request the pool holds (``C / engines`` is not
+known per engine, so ``min_fraction × C``): a request larger than the budget still runs, alone (the limiter's
+rule).
 
 Without the pool's size (an older vLLM, the Prometheus API source) there is no budget: None, not enforced.
 A pure helper a policy owns (``Adaptive`` sets it next to its request target); it keeps no state.
@@ -44,11 +54,19 @@ class TokenBudget:
             the calibration to admit more weight than the pool holds (weights that overstate, like a generous
             ``max_tokens``), at the risk of preemptions when requests do reach their length together.
         min_fraction: the budget's floor as a fraction of the pool (default 0.05, in (0, 1]).
+        decrease: with ``steps``, over ``kv_high`` the budget falls to at most this share of what we hold (the
+            request rule's ``decrease_factor``), in (0, 1).
+        steps: one call up at or under ``kv_high``, ``decrease`` down over it (module docstring).
+        alone_share: our share of the engine's load from which we are alone on it and take no steps (the
+            request rule's ``jump_share``), in [0, 1].
     """
 
     kv_high: float = 0.92
     overcommit: float = 1.0
     min_fraction: float = 0.05
+    decrease: float = 0.9
+    steps: bool = True
+    alone_share: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_high <= 1:
@@ -57,6 +75,10 @@ class TokenBudget:
             raise ValueError(f"overcommit must be a finite number > 0, got {self.overcommit}")
         if not 0 < self.min_fraction <= 1:
             raise ValueError(f"min_fraction must be in (0, 1], got {self.min_fraction}")
+        if not 0 < self.decrease < 1:
+            raise ValueError(f"decrease must be in (0, 1), got {self.decrease}")
+        if not 0 <= self.alone_share <= 1:
+            raise ValueError(f"alone_share must be in [0, 1], got {self.alone_share}")
 
     def budget(self, obs: Observation) -> float | None:
         """Tokens our weighted calls may hold after this poll; None without the pool's size (not enforced)."""
@@ -70,6 +92,14 @@ class TokenBudget:
             return ceiling  # nothing weighted in flight to calibrate by: the pool itself
         occupancy = max(usage * pool * share / held, 1e-3)  # above 1: weights understate, or neighbours
         budget = held + share * (self.kv_high - usage) * pool / occupancy
+        if self.steps and obs.inflight > 0 and share < self.alone_share:
+            if usage > self.kv_high:
+                budget = min(budget, self.decrease * held)
+            else:
+                step = held + held / obs.inflight  # one more call of ours, at our mean weight
+                if usage >= self.decrease * self.kv_high:
+                    budget = step  # where a cut lands: the same step for every client, not the room in proportion
+                budget, ceiling = max(budget, step), max(ceiling, step)
         return min(max(budget, self.min_fraction * pool), ceiling)
 
 
