@@ -1,5 +1,7 @@
 """Exact-value tests of which queues the adaptive policy cuts on. Without a stated sequence limit every
-capacity-waiting request is a saturation, whatever the interval's waits. With one (``Observation.limits``), a queue
+capacity-waiting request is a saturation, whatever the interval's waits, but a prefill wait: a queue of at most 1 %
+of ``running`` while the engine runs fewer sequences than the most it ran with a queue and its KV cache has room.
+With one (``Observation.limits``), a queue
 while ``running`` is below the limit waits for prefill tokens or KV blocks, not for a slot: it is cut only when the
 interval's requests waited a cut's worth (their mean queue time over ``1 - decrease_factor`` of our mean round
 trip), or at the limit."""
@@ -55,6 +57,34 @@ def test_without_a_stated_limit_every_queue_is_cut_whatever_its_waits(queue_s: f
     p = after_first_cut()
     obs = poll(82, running=105, waiting=1, time=12.0, queue_s=queue_s, started=started)
     assert p.next_target(82, obs) == pytest.approx(0.9 * 82 * 105 / 106)
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "kv", "cut"),
+    [
+        (300.0, 3.0, 0.5, False),  # under the sampled 400, a queue of 1 % of running, room in the cache: a prefill wait
+        (300.0, 3.0, None, False),  # no KV figure: the same
+        (300.0, 4.0, 0.5, True),  # a queue over 1 % of running
+        (400.0, 1.0, 0.5, True),  # at the most the engine ran with a queue: the wall's queue
+        (300.0, 3.0, 0.95, True),  # the cache is full: a wall of blocks
+    ],
+)
+def test_without_a_stated_limit_a_prefill_wait_below_the_sampled_capacity_is_not_cut(
+    running: float, waiting: float, kv: float | None, cut: bool
+) -> None:
+    def judged(policy: Adaptive, queue: float = waiting) -> float:
+        first = poll(400, running=400, waiting=10, time=0.0, queue_s=1.0)  # the capacity sample: 400
+        assert policy.next_target(400, first) == pytest.approx(0.9 * 400 * 400 / 410)
+        obs = replace(poll(200, running=running, waiting=queue, time=12.0, queue_s=0.02), kv_cache_usage=kv)
+        return float(policy.next_target(200, obs))
+
+    if cut:
+        assert judged(Adaptive()) == pytest.approx(0.9 * 200 * running / (running + waiting))
+    else:  # read as no queue at all: the slow-start band's step back to 0.9 × W (W = 400 × 400 / 410)
+        assert judged(Adaptive()) == judged(Adaptive(), queue=0.0) == pytest.approx(0.9 * 400 * 400 / 410)
+    # Switched off, every one of them is cut.
+    off = Adaptive(without=("prefill-waits",))
+    assert judged(off) == pytest.approx(0.9 * 200 * running / (running + waiting))
 
 
 def test_below_the_stated_limit_a_queue_the_interval_did_not_wait_for_is_not_cut() -> None:

@@ -8,7 +8,8 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
   (a capacity sample, ``window_polls`` of them within ``window_s``). The target is cut to ``decrease_factor`` × the
   served share (our in-flight times the share of the engine's load it runs), remembered as the level ``W``. A
   stated sequence limit (``Observation.limits``) makes a queue while ``running`` is below it a wait for tokens, not
-  a wall: it is cut only when the interval's requests waited a cut's worth.
+  a wall: it is cut only when the interval's requests waited a cut's worth. Without one, a queue of at most
+  :data:`PREFILL_WAIT` × ``running`` below the sampled capacity, with room in the KV cache, is a prefill wait.
 * **application-limited** (``near_full``): our peak in flight did not fill the window; hold.
 * **first ramp** (nothing learnt yet, policies/first_ramp.py): grow ``slow_start_factor`` per round trip of our
   calls, at most ``jump_max_factor`` a poll; alone on the engine, jump ``jump_fraction`` of the way to the bound
@@ -51,12 +52,15 @@ __all__ = ["RULES", "Adaptive", "KvEstimate"]
 RULES = frozenset({"capacity-samples", "inferred-saturation", "engine-full-exit", "kv-jump", "turnover-ramp"}) | {
     "admission-hold",
     "one-step",
+    "prefill-waits",
     "probe",
     "stated-limits",
     "token-steps",
 }
 # Beside a peer on a one-step engine, growth toward the knee restores from under this share of it.
 KNEE_RESTORE = 0.75
+# A queue at most this share of ``running``, below the sampled capacity, waits for prefill tokens (_prefill_wait).
+PREFILL_WAIT = 0.01
 
 
 @dataclass(slots=True)
@@ -270,12 +274,15 @@ class Adaptive:
 
     def _saturated(self, obs: Observation, capacity: float | None) -> str | None:
         """Why this poll is saturated, or None: ``"engine"``, a queue for capacity (below a stated sequence limit
-        only when the interval's requests waited a cut's worth: a wait for prefill tokens or blocks is no wall);
+        only when the interval's requests waited a cut's worth, and without one not a prefill wait: a wait for
+        prefill tokens or blocks is no wall);
         ``"inferred"``, ``running`` back at the most the engine ran while saturated, within a half sequence, from a
         sample of the window: the engine is full though nothing waits at this instant, so every client sharing it
         cuts together (not on a one-step engine, whose aim is a full batch)."""
         if obs.waiting_capacity > 0:
             limit = self._sequence_limit(obs)
+            if limit is None and self._prefill_wait(obs, capacity):
+                return None
             if limit is None or self.pipelining or obs.running >= limit - 0.5 or self.waited(obs):
                 return "engine"
             return None
@@ -283,6 +290,16 @@ class Adaptive:
             return None
         fresh = obs.time - self.samples[-1][0] <= self.window_s
         return "inferred" if fresh and abs(obs.running - capacity) <= 0.5 else None
+
+    def _prefill_wait(self, obs: Observation, capacity: float | None) -> bool:
+        """A queue of at most :data:`PREFILL_WAIT` × ``running`` while the engine runs fewer sequences than the most
+        it ran with a queue and its KV cache has room: requests held for a step's prefill tokens, not a sequence
+        wall, which shows its queue at the same ``running`` every time (every client's requests count there)."""
+        if not self.on("prefill-waits") or self.pipelining or capacity is None:
+            return False
+        kv = obs.kv_cache_usage
+        room = kv is None or kv < self.tokens.rule.kv_high
+        return room and obs.running < capacity - 0.5 and obs.waiting_capacity <= PREFILL_WAIT * obs.running
 
     def _on_queue(
         self, target: float, obs: Observation, capacity: float | None, risen: float | None, why: str

@@ -54,6 +54,7 @@ ADAPTIVE_RULES = (
     _without("admission-hold", "", "a queue the engine is still taking in ends the ramp without a cut"),
     _without("inferred-saturation", "", "running back at the sampled capacity is saturated, queue or not"),
     _without("capacity-samples", "window_polls window_s", "the most the engine ran while saturated bounds the goal"),
+    _without("prefill-waits", "", "a small queue below the sampled capacity, with KV room, is no wall"),
     _rule(
         "slow-start-band",
         "slow_start_below",
