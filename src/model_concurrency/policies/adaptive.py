@@ -9,7 +9,7 @@ TCP's answer to the same problem, with the engine's own gauges in place of a los
   served share (our in-flight times the share of the engine's load it runs), remembered as the level ``W``. A
   stated sequence limit (``Observation.limits``) makes a queue while ``running`` is below it a wait for tokens, not
   a wall: it is cut only when the interval's requests waited a cut's worth. Without one, a queue of at most
-  :data:`PREFILL_WAIT` × ``running`` below the sampled capacity, with room in the KV cache, is a prefill wait.
+  1 % of ``running`` below the sampled capacity, with room in the KV cache, is a prefill wait (policies/waits.py).
 * **application-limited** (``near_full``): our peak in flight did not fill the window; hold.
 * **first ramp** (nothing learnt yet, policies/first_ramp.py): grow ``slow_start_factor`` per round trip of our
   calls, at most ``jump_max_factor`` a poll; alone on the engine, jump ``jump_fraction`` of the way to the bound
@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from model_concurrency.observation import Observation
-from model_concurrency.policies import first_ramp
+from model_concurrency.policies import first_ramp, waits
 from model_concurrency.policies._common import (
     CompletionShare,
     app_limited,
@@ -44,7 +44,7 @@ from model_concurrency.policies._common import (
     sustainable,
 )
 from model_concurrency.policies.kv import KvEstimate, kv_estimate
-from model_concurrency.policies.token_budget import TokenBudget, TokenSide
+from model_concurrency.policies.token_budget import KV_HIGH, TokenBudget, TokenSide
 
 __all__ = ["RULES", "Adaptive", "KvEstimate"]
 
@@ -59,8 +59,6 @@ RULES = frozenset({"capacity-samples", "inferred-saturation", "engine-full-exit"
 }
 # Beside a peer on a one-step engine, growth toward the knee restores from under this share of it.
 KNEE_RESTORE = 0.75
-# A queue at most this share of ``running``, below the sampled capacity, waits for prefill tokens (_prefill_wait).
-PREFILL_WAIT = 0.01
 
 
 @dataclass(slots=True)
@@ -281,7 +279,8 @@ class Adaptive:
         cuts together (not on a one-step engine, whose aim is a full batch)."""
         if obs.waiting_capacity > 0:
             limit = self._sequence_limit(obs)
-            if limit is None and self._prefill_wait(obs, capacity):
+            wait = self.on("prefill-waits") and not self.pipelining and waits.prefill_wait(obs, capacity, KV_HIGH)
+            if limit is None and wait:
                 return None
             if limit is None or self.pipelining or obs.running >= limit - 0.5 or self.waited(obs):
                 return "engine"
@@ -290,16 +289,6 @@ class Adaptive:
             return None
         fresh = obs.time - self.samples[-1][0] <= self.window_s
         return "inferred" if fresh and abs(obs.running - capacity) <= 0.5 else None
-
-    def _prefill_wait(self, obs: Observation, capacity: float | None) -> bool:
-        """A queue of at most :data:`PREFILL_WAIT` × ``running`` while the engine runs fewer sequences than the most
-        it ran with a queue and its KV cache has room: requests held for a step's prefill tokens, not a sequence
-        wall, which shows its queue at the same ``running`` every time (every client's requests count there)."""
-        if not self.on("prefill-waits") or self.pipelining or capacity is None:
-            return False
-        kv = obs.kv_cache_usage
-        room = kv is None or kv < self.tokens.rule.kv_high
-        return room and obs.running < capacity - 0.5 and obs.waiting_capacity <= PREFILL_WAIT * obs.running
 
     def _on_queue(
         self, target: float, obs: Observation, capacity: float | None, risen: float | None, why: str
@@ -340,12 +329,8 @@ class Adaptive:
         return factor if abs(math.log(factor)) > math.log1p(self.rescale_threshold) else None
 
     def waited(self, obs: Observation) -> bool | None:
-        """The interval's requests waited a queue worth a cut: their mean queue time over ``1 − decrease_factor``
-        of our mean round trip. None when either figure is missing."""
-        latency, queued = obs.client_latency_mean_s, obs.queue_time_mean_s
-        if latency is None or queued is None:
-            return None
-        return queued > (1 - self.decrease_factor) * latency
+        """The interval's requests waited a queue worth a cut (policies/waits.py)."""
+        return waits.waited(obs, self.decrease_factor)
 
     # -- growth -------------------------------------------------------------------------------------------------
     def _rate(self, obs: Observation) -> float | None:

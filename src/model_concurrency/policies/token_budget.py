@@ -41,7 +41,10 @@ from model_concurrency.observation import Observation
 from model_concurrency.policies._common import own_share
 from model_concurrency.policies.base import Target
 
-__all__ = ["TokenBudget", "TokenSide"]
+__all__ = ["KV_HIGH", "TokenBudget", "TokenSide"]
+
+#: The KV usage the budget steers to, and above which a cache counts as full.
+KV_HIGH = 0.92
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class TokenBudget:
     """The token budget rule (module docstring).
 
     Parameters:
-        kv_high: the KV usage the budget steers to (default 0.92, as ``Adaptive.kv_high``), in (0, 1].
+        kv_high: the KV usage the budget steers to (default :data:`KV_HIGH`, 0.92), in (0, 1].
         overcommit: the budget's ceiling as a multiple of our share of the pool (default 1.0, > 0): above 1 trusts
             the calibration to admit more weight than the pool holds (weights that overstate, like a generous
             ``max_tokens``), at the risk of preemptions when requests do reach their length together.
@@ -61,7 +64,7 @@ class TokenBudget:
             request rule's ``jump_share``), in [0, 1].
     """
 
-    kv_high: float = 0.92
+    kv_high: float = KV_HIGH
     overcommit: float = 1.0
     min_fraction: float = 0.05
     decrease: float = 0.9
