@@ -49,7 +49,7 @@ def test_nothing_weighted_in_flight_gives_our_share_of_the_pool() -> None:
 
 
 def test_alone_the_budget_is_in_flight_times_kv_high_over_usage() -> None:
-    rule = TokenBudget(kv_high=0.9, overcommit=2.0, steps=False)
+    rule = TokenBudget(kv_high=0.9, overcommit=2.0)
     # weights overstate by half (usage 0.3 of the pool for 60 000 units): room in units is twice the room in KV
     assert rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=0.3)) == pytest.approx(60_000 * 0.9 / 0.3)
     # over kv_high: a trim in proportion to the overshoot
@@ -57,7 +57,7 @@ def test_alone_the_budget_is_in_flight_times_kv_high_over_usage() -> None:
 
 
 def test_beside_others_the_steps_add_one_call_and_cut_by_the_decrease() -> None:
-    rule = TokenBudget(kv_high=0.9, overcommit=4.0)
+    rule = TokenBudget(kv_high=0.9, overcommit=4.0, steps=True)
 
     def beside(usage: float) -> float | None:  # half the engine's load is ours: 10 calls of 20 running
         return rule.budget(obs(inflight_tokens=60_000, kv_cache_usage=usage, running=20.0))

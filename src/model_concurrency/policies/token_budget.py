@@ -59,7 +59,8 @@ class TokenBudget:
         min_fraction: the budget's floor as a fraction of the pool (default 0.05, in (0, 1]).
         decrease: with ``steps``, over ``kv_high`` the budget falls to at most this share of what we hold (the
             request rule's ``decrease_factor``), in (0, 1).
-        steps: one call up at or under ``kv_high``, ``decrease`` down over it (module docstring).
+        steps: one call up at or under ``kv_high``, ``decrease`` down over it (module docstring); ``adaptive``
+            turns them on (its rule ``token-steps``), ``adaptive-core`` keeps the proportional rule.
         alone_share: our share of the engine's load from which we are alone on it and take no steps (the
             request rule's ``jump_share``), in [0, 1].
     """
@@ -68,7 +69,7 @@ class TokenBudget:
     overcommit: float = 1.0
     min_fraction: float = 0.05
     decrease: float = 0.9
-    steps: bool = True
+    steps: bool = False
     alone_share: float = 0.9
 
     def __post_init__(self) -> None:
