@@ -279,8 +279,8 @@ class Adaptive:
         cuts together (not on a one-step engine, whose aim is a full batch)."""
         if obs.waiting_capacity > 0:
             limit = self._sequence_limit(obs)
-            wait = self.on("prefill-waits") and not self.pipelining and waits.prefill_wait(obs, capacity, KV_HIGH)
-            if limit is None and wait:
+            unlimited = limit is None and not self.pipelining
+            if unlimited and self.on("prefill-waits") and waits.prefill_wait(obs, capacity, KV_HIGH):
                 return None
             if limit is None or self.pipelining or obs.running >= limit - 0.5 or self.waited(obs):
                 return "engine"

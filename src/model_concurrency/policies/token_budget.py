@@ -101,9 +101,9 @@ class TokenBudget:
                 budget = min(budget, self.decrease * held)
             else:
                 step = held + held / obs.inflight  # one more call of ours, at our mean weight
-                if usage >= self.decrease * self.kv_high:
-                    budget = step  # where a cut lands: the same step for every client, not the room in proportion
-                budget, ceiling = max(budget, step), max(ceiling, step)
+                # Where a cut lands, the same step for every client, not the room in proportion to what each holds.
+                budget = step if usage >= self.decrease * self.kv_high else max(budget, step)
+                ceiling = max(ceiling, step)
         return min(max(budget, self.min_fraction * pool), ceiling)
 
 
